@@ -1,0 +1,334 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Denial reasons of an acquire.
+const (
+	ReasonHeld    = "held"
+	ReasonTimeout = "timeout"
+)
+
+// WaitForever as AcquireRequest.Wait waits until granted, cancelled or the
+// connection ends.
+const WaitForever time.Duration = -1
+
+// maxPoll bounds the time between two attempts of a waiter that heard no
+// notification: the backstop if one is lost.
+const maxPoll = time.Second
+
+// AcquireRequest is the arguments of acquire.
+type AcquireRequest struct {
+	Name  string
+	Mode  backend.Mode
+	Limit int // shared only: at most Limit shared holders; 0: no limit
+	Scope Scope
+	TTL   time.Duration // 0: the default
+	Wait  time.Duration // 0: try once; > 0: wait up to Wait; WaitForever
+	Meta  string
+}
+
+// AcquireResult is the answer of acquire: a lease, or a denial with its
+// reason and the holders at that moment.
+type AcquireResult struct {
+	Acquired bool
+	Lease    Lease
+	Reason   string // ReasonHeld or ReasonTimeout when not acquired
+	Holders  []backend.Holder
+}
+
+// ValidateName checks a lock name: 1–256 bytes of UTF-8 without whitespace,
+// control or format characters.
+func ValidateName(name string) error {
+	if name == "" || len(name) > MaxNameBytes {
+		return fmt.Errorf("%w: a name is 1 to %d bytes", ErrInvalidName, MaxNameBytes)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%w: a name is UTF-8", ErrInvalidName)
+	}
+	for _, r := range name {
+		if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zs, unicode.Zl, unicode.Zp) {
+			return fmt.Errorf("%w: %U is not allowed in a name", ErrInvalidName, r)
+		}
+	}
+	return nil
+}
+
+func (a *Agent) validateAcquire(req *AcquireRequest) error {
+	if err := ValidateName(req.Name); err != nil {
+		return err
+	}
+	if req.Limit < 0 || (req.Limit > 0 && req.Mode != backend.Shared) {
+		return invalidArg("limit must be a positive integer, with mode shared")
+	}
+	if req.TTL == 0 {
+		req.TTL = a.cfg.DefaultTTL
+	}
+	if req.TTL < a.cfg.MinTTL || req.TTL > a.cfg.MaxTTL {
+		return invalidArg("ttl_ms must be between %d and %d", a.cfg.MinTTL.Milliseconds(), a.cfg.MaxTTL.Milliseconds())
+	}
+	if req.Wait < 0 && req.Wait != WaitForever {
+		return invalidArg("wait_ms must be -1, 0 or positive")
+	}
+	if len(req.Meta) > MaxMetaBytes || !utf8.ValidString(req.Meta) {
+		return invalidArg("meta must be UTF-8 of at most %d bytes", MaxMetaBytes)
+	}
+	return nil
+}
+
+// queue is the local first-come-first-served line of waiters for one name.
+type queue struct {
+	waiters []*waiter
+}
+
+// waiter is one acquire in progress.
+type waiter struct {
+	s      *Session
+	req    AcquireRequest
+	since  time.Time
+	queued bool          // in the name's queue (a waiting acquire, not a try)
+	wake   chan struct{} // a value when the queue ahead changed
+}
+
+// eligible tells whether w may ask the backend: it is at the head of its
+// queue, or it is shared and every waiter ahead of it is shared. a.mu is held.
+func (a *Agent) eligible(w *waiter) bool {
+	q := a.queues[w.req.Name]
+	for _, o := range q.waiters {
+		if o == w {
+			return true
+		}
+		if o.req.Mode != backend.Shared || w.req.Mode != backend.Shared {
+			return false
+		}
+	}
+	return false
+}
+
+// wakeQueue signals the waiters of name that may ask the backend now.
+// a.mu is held.
+func (a *Agent) wakeQueue(name string) {
+	q := a.queues[name]
+	if q == nil {
+		return
+	}
+	for i, w := range q.waiters {
+		if i > 0 && (w.req.Mode != backend.Shared || q.waiters[0].req.Mode != backend.Shared) {
+			break
+		}
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Acquire takes a name for the session: at once, within req.Wait, or never,
+// behind the waiters already queued for it on this agent. Cancelling ctx
+// abandons the request (its error is ctx's).
+func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	a := s.a
+	if err := a.validateAcquire(&req); err != nil {
+		return AcquireResult{}, err
+	}
+	w := &waiter{s: s, req: req, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
+
+	a.mu.Lock()
+	switch {
+	case a.closing:
+		a.mu.Unlock()
+		return AcquireResult{}, ErrShuttingDown
+	case s.ended:
+		a.mu.Unlock()
+		return AcquireResult{}, ErrSessionEnded
+	case s.leases[req.Name] != nil:
+		l := s.leases[req.Name].public()
+		a.mu.Unlock()
+		return AcquireResult{}, &AlreadyHeldError{Lease: l}
+	case s.pending[req.Name] != nil:
+		a.mu.Unlock()
+		return AcquireResult{}, invalidArg("an acquire of %q is already in progress in this session", req.Name)
+	case len(s.leases)+len(s.pending) >= a.cfg.MaxLeasesPerSession:
+		a.mu.Unlock()
+		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
+	}
+	q := a.queues[req.Name]
+	if !w.queued && q != nil {
+		// A try never jumps ahead of queued waiters.
+		a.mu.Unlock()
+		return a.denied(ctx, req.Name, ReasonHeld), nil
+	}
+	if w.queued {
+		if a.waiters >= a.cfg.MaxWaiters {
+			a.mu.Unlock()
+			return AcquireResult{}, fmt.Errorf("%w: %d waiters", ErrLimitExceeded, a.cfg.MaxWaiters)
+		}
+		if q == nil {
+			q = &queue{}
+			a.queues[req.Name] = q
+		}
+		q.waiters = append(q.waiters, w)
+		a.waiters++
+	}
+	s.pending[req.Name] = w
+	a.mu.Unlock()
+	defer a.leave(w)
+
+	if !w.queued {
+		l, _, err := a.attempt(ctx, w)
+		switch {
+		case err != nil:
+			return AcquireResult{}, err
+		case l == nil:
+			return a.denied(ctx, req.Name, ReasonHeld), nil
+		}
+		return AcquireResult{Acquired: true, Lease: l.public()}, nil
+	}
+	return a.wait(ctx, w)
+}
+
+// wait runs a queued acquire to its end.
+func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
+	var timeout <-chan time.Time
+	if w.req.Wait > 0 {
+		t := time.NewTimer(w.req.Wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var freed <-chan struct{} // the backend's notifications, once eligible
+	poll := time.NewTimer(time.Hour)
+	defer poll.Stop()
+	for {
+		a.mu.Lock()
+		ok := a.eligible(w)
+		a.mu.Unlock()
+		if ok {
+			if freed == nil {
+				ch, stop, err := a.b.Watch(ctx, w.req.Name)
+				if err != nil {
+					return AcquireResult{}, a.ctxErr(ctx, fmt.Errorf("watch %s: %w", w.req.Name, err))
+				}
+				defer stop()
+				freed = ch
+			}
+			l, retryIn, err := a.attempt(ctx, w)
+			if err != nil {
+				return AcquireResult{}, err
+			}
+			if l != nil {
+				return AcquireResult{Acquired: true, Lease: l.public()}, nil
+			}
+			poll.Reset(min(max(retryIn, time.Millisecond), maxPoll))
+		}
+		select {
+		case <-ctx.Done():
+			return AcquireResult{}, ctx.Err()
+		case <-timeout:
+			return a.denied(ctx, w.req.Name, ReasonTimeout), nil
+		case <-w.wake:
+		case <-freed:
+		case <-poll.C:
+		}
+	}
+}
+
+// attempt asks the backend once. It returns the new lease, or nil and a
+// retry hint when the name is held.
+func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, error) {
+	s, req := w.s, w.req
+	l := &lease{
+		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
+		ttl: req.TTL, meta: req.Meta, session: s, index: -1,
+	}
+	sent := time.Now()
+	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
+		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
+		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host,
+	})
+	var held *backend.HeldError
+	switch {
+	case errors.As(err, &held):
+		return nil, held.RetryIn, nil
+	case err != nil:
+		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
+	}
+	now := time.Now()
+	l.token = g.Token
+	l.granted = now
+	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL))
+	l.nextRenew = sent.Add(renewInterval(req.TTL))
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var refuse error
+	switch {
+	case a.closing:
+		refuse = ErrShuttingDown
+	case s.ended:
+		refuse = ErrSessionEnded
+	case ctx.Err() != nil:
+		refuse = ctx.Err()
+	case !now.Before(l.validUntil):
+		// The answer came too late to be handed out as valid.
+		a.log.Warn("grant arrived after its local deadline; released", "name", req.Name, "took", now.Sub(sent))
+		a.releaseLater([]*lease{l})
+		return nil, 0, nil
+	}
+	if refuse != nil {
+		a.releaseLater([]*lease{l})
+		return nil, 0, refuse
+	}
+	a.addLease(l)
+	return l, 0, nil
+}
+
+// ctxErr prefers the context's error: a backend call that failed because the
+// request was cancelled is a cancellation.
+func (a *Agent) ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// leave takes w out of its queue and wakes whoever may go next.
+func (a *Agent) leave(w *waiter) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if w.s.pending[w.req.Name] == w {
+		delete(w.s.pending, w.req.Name)
+	}
+	if !w.queued {
+		return
+	}
+	q := a.queues[w.req.Name]
+	q.waiters = slices.DeleteFunc(q.waiters, func(o *waiter) bool { return o == w })
+	a.waiters--
+	if len(q.waiters) == 0 {
+		delete(a.queues, w.req.Name)
+		return
+	}
+	a.wakeQueue(w.req.Name)
+}
+
+// denied builds a denial with the holders the backend reports now.
+func (a *Agent) denied(ctx context.Context, name, reason string) AcquireResult {
+	res := AcquireResult{Reason: reason, Holders: []backend.Holder{}}
+	if ctx.Err() != nil {
+		return res
+	}
+	info, err := a.b.Inspect(ctx, name)
+	if err == nil {
+		res.Holders = info.Holders
+	}
+	return res
+}

@@ -1,0 +1,212 @@
+// Package agent is the heart of lockagent: sessions, leases and their scopes,
+// the local first-come-first-served wait queues, the renewal scheduler and
+// lost-lease detection, and the events each session is told.
+//
+// It talks to a backend.Backend and to the connections attached to its
+// sessions through the small Conn interface. It knows nothing of JSON,
+// sockets or Redis.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Config is what an Agent needs. Zero values take the defaults noted.
+type Config struct {
+	Backend backend.Backend // required
+	Logger  hclog.Logger    // default: a null logger
+	Host    string          // the host name shown to inspect
+	Version string          // reported by hello
+
+	DefaultTTL time.Duration // default 15s
+	MinTTL     time.Duration // default 1s
+	MaxTTL     time.Duration // default 24h
+
+	MaxSessions         int // default 10000
+	MaxLeasesPerSession int // held and pending, default 1000
+	MaxWaiters          int // waiting acquires across the agent, default 10000
+
+	// AdminUIDs may list every session and break locks. Default: uid 0.
+	AdminUIDs []uint32
+
+	// NotifyBudget is the time the agent allows itself to deliver a lost
+	// event; it is part of the safety margin. Default 50ms.
+	NotifyBudget time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.DefaultTTL, 15*time.Second)
+	def(&c.MinTTL, time.Second)
+	def(&c.MaxTTL, 24*time.Hour)
+	def(&c.NotifyBudget, 50*time.Millisecond)
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	defInt(&c.MaxSessions, 10000)
+	defInt(&c.MaxLeasesPerSession, 1000)
+	defInt(&c.MaxWaiters, 10000)
+	if c.AdminUIDs == nil {
+		c.AdminUIDs = []uint32{0}
+	}
+}
+
+// Limits of the wire-visible arguments, from protocol.md.
+const (
+	MaxNameBytes    = 256
+	MaxMetaBytes    = 256
+	MaxSessionTTL   = time.Hour
+	MinHeartbeat    = 100 * time.Millisecond
+	MaxHeartbeat    = time.Hour
+	maxClientLength = 256
+)
+
+// Agent owns sessions, leases and their renewals. Create it with New, start
+// it with Run.
+type Agent struct {
+	cfg Config
+	b   backend.Backend
+	log hclog.Logger
+
+	// mu guards everything below, and every session's and lease's mutable
+	// fields. It is never held across a backend call or a blocking send.
+	mu       sync.Mutex
+	sessions map[string]*Session
+	leases   map[string]*lease // by lease id
+	queues   map[string]*queue // by name; present while it has waiters
+	waiters  int               // waiting acquires across every queue
+	sched    renewHeap
+	closing  bool // Run is shutting down: no new sessions or grants
+	degraded bool // the last renewal attempt failed with an unknown outcome
+
+	kick chan struct{} // wakes the scheduler when the heap's head changes
+	wg   sync.WaitGroup
+	done chan struct{} // closed when Run has returned
+}
+
+// New returns an agent for cfg. It starts nothing: call Run.
+func New(cfg Config) *Agent {
+	cfg.setDefaults()
+	return &Agent{
+		cfg:      cfg,
+		b:        cfg.Backend,
+		log:      cfg.Logger,
+		sessions: make(map[string]*Session),
+		leases:   make(map[string]*lease),
+		queues:   make(map[string]*queue),
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+}
+
+// Info is what hello reports about the agent.
+type Info struct {
+	Version                    string
+	Backend                    string
+	DefaultTTL, MinTTL, MaxTTL time.Duration
+}
+
+// Info describes the agent.
+func (a *Agent) Info() Info {
+	return Info{a.cfg.Version, a.b.Name(), a.cfg.DefaultTTL, a.cfg.MinTTL, a.cfg.MaxTTL}
+}
+
+// Run renews leases and detects lost ones until ctx is done. Then it shuts
+// down: every session is told `shutdown`, every lease is released, every
+// session ends, and Run returns nil once every goroutine it started has
+// finished. Cancelling ctx is how callers stop it.
+func (a *Agent) Run(ctx context.Context) error {
+	defer close(a.done)
+	a.scheduleLoop(ctx)
+	a.shutdown()
+	a.wg.Wait()
+	return nil
+}
+
+// Done is closed when Run has returned.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// shutdown tells every session, then ends them, releasing every lease.
+func (a *Agent) shutdown() {
+	a.mu.Lock()
+	a.closing = true
+	var ended []*lease
+	for _, s := range a.sessions {
+		s.send(Event{Kind: EventShutdown, Message: "the agent is stopping; every lease is being released"})
+		ended = append(ended, s.end(false)...)
+	}
+	a.mu.Unlock()
+	// Release synchronously, with a bound, so that the backend is clean
+	// before the agent exits.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, l := range ended {
+		a.releaseBackend(ctx, l)
+	}
+}
+
+// isAdmin tells whether the peer has admin rights.
+func (a *Agent) isAdmin(p Peer) bool {
+	return slices.Contains(a.cfg.AdminUIDs, p.UID)
+}
+
+// margin is how much earlier than the backend the agent gives a lease up:
+// clock-rate drift (1%), the backend's expiry precision, and the time to
+// deliver the lost event.
+func (a *Agent) margin(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond + a.cfg.NotifyBudget
+}
+
+// releaseBackend releases l in the backend; failures are logged, since the
+// lease will expire there on its own.
+func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
+	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
+	if err != nil && !errors.Is(err, backend.ErrNotHeld) {
+		a.log.Warn("release failed; the lease will expire in the backend", "name", l.name, "lease", l.id, "error", err)
+	}
+}
+
+// releaseLater releases leases in the background, on a goroutine Run waits
+// for. Callers hold a.mu.
+func (a *Agent) releaseLater(ls []*lease) {
+	if len(ls) == 0 {
+		return
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, l := range ls {
+			a.releaseBackend(ctx, l)
+		}
+	}()
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns prefix followed by 128 random bits.
+func newID(prefix string) string {
+	var b [16]byte
+	rand.Read(b[:])
+	return prefix + idEncoding.EncodeToString(b[:])
+}

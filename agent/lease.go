@@ -1,0 +1,264 @@
+package agent
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Lease is a granted lock, as a session sees it.
+type Lease struct {
+	ID    string
+	Name  string
+	Mode  backend.Mode
+	Scope Scope
+	Token uint64
+	TTL   time.Duration
+}
+
+// lease is the agent's record of a grant. Every field after session is
+// guarded by Agent.mu.
+type lease struct {
+	id      string
+	name    string
+	mode    backend.Mode
+	scope   Scope
+	token   uint64
+	ttl     time.Duration
+	meta    string
+	session *Session
+	granted time.Time
+
+	// validUntil is the local deadline: the send time of the last successful
+	// renewal (or of the acquire) + ttl - margin, on the monotonic clock.
+	// At validUntil the lease is lost unless a newer renewal succeeded.
+	validUntil time.Time
+	nextRenew  time.Time
+	renewing   bool // a renewal is in flight
+	atRisk     bool // the last renewal's outcome is unknown
+	index      int  // in Agent.sched; -1 when not there
+}
+
+func (l *lease) public() Lease {
+	return Lease{ID: l.id, Name: l.name, Mode: l.mode, Scope: l.scope, Token: l.token, TTL: l.ttl}
+}
+
+// due is when the scheduler must next look at the lease: its next renewal,
+// or, while one is in flight, its local deadline.
+func (l *lease) due() time.Time {
+	if l.renewing {
+		return l.validUntil
+	}
+	return l.nextRenew
+}
+
+// renewHeap orders leases by due time.
+type renewHeap []*lease
+
+func (h renewHeap) Len() int           { return len(h) }
+func (h renewHeap) Less(i, j int) bool { return h[i].due().Before(h[j].due()) }
+func (h renewHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *renewHeap) Push(x any) {
+	l := x.(*lease)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *renewHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	l.index = -1
+	return l
+}
+
+// renewInterval is about a third of the TTL, with ±10% jitter so that
+// leases granted together spread out.
+func renewInterval(ttl time.Duration) time.Duration {
+	third := ttl / 3
+	return third - third/10 + rand.N(third/5+1)
+}
+
+// addLease records a grant. a.mu is held.
+func (a *Agent) addLease(l *lease) {
+	a.leases[l.id] = l
+	l.session.leases[l.name] = l
+	heap.Push(&a.sched, l)
+	if l.index == 0 {
+		a.kickScheduler()
+	}
+}
+
+// dropLease forgets a lease and wakes the local waiters for its name. It
+// does not touch the backend. a.mu is held.
+func (a *Agent) dropLease(l *lease) {
+	if a.leases[l.id] != l {
+		return
+	}
+	delete(a.leases, l.id)
+	if l.session.leases[l.name] == l {
+		delete(l.session.leases, l.name)
+	}
+	if l.index >= 0 {
+		heap.Remove(&a.sched, l.index)
+	}
+	a.wakeQueue(l.name)
+}
+
+// lose ends a lease the agent can no longer assume held: the session is told
+// first, then the lease is released in the background in case the backend
+// still has it. a.mu is held.
+func (a *Agent) lose(l *lease, reason string) {
+	if a.leases[l.id] != l {
+		return
+	}
+	a.dropLease(l)
+	a.log.Info("lease lost", "name", l.name, "lease", l.id, "token", l.token, "reason", reason, "session", l.session.id)
+	l.session.send(Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason})
+	a.releaseLater([]*lease{l})
+}
+
+func (a *Agent) kickScheduler() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// scheduleLoop renews leases as they fall due, in batches, and loses those
+// whose local deadline passes, until ctx is done.
+func (a *Agent) scheduleLoop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		a.mu.Lock()
+		now := time.Now()
+		var batch []*lease
+		for len(a.sched) > 0 {
+			l := a.sched[0]
+			if l.due().After(now) {
+				break
+			}
+			if !now.Before(l.validUntil) {
+				reason := ReasonExpired
+				if l.atRisk {
+					reason = ReasonBackendUnavailable
+				}
+				a.lose(l, reason)
+				continue
+			}
+			l.renewing = true
+			heap.Fix(&a.sched, 0)
+			batch = append(batch, l)
+		}
+		wait := time.Hour
+		if len(a.sched) > 0 {
+			wait = a.sched[0].due().Sub(now)
+		}
+		a.mu.Unlock()
+
+		if len(batch) > 0 {
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				a.renew(ctx, batch)
+			}()
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-a.kick:
+		}
+	}
+}
+
+// renew sends one batch of renewals and applies the answers.
+func (a *Agent) renew(ctx context.Context, batch []*lease) {
+	reqs := make([]backend.RenewRequest, len(batch))
+	deadline := batch[0].validUntil
+	for i, l := range batch {
+		// Only the scheduler writes these fields while renewing is set.
+		reqs[i] = backend.RenewRequest{Lease: backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
+		if l.validUntil.Before(deadline) {
+			deadline = l.validUntil
+		}
+	}
+	// Never wait for an answer past the earliest local deadline: it would
+	// come too late to count.
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	sent := time.Now()
+	errs := a.b.Renew(rctx, reqs)
+	cancel()
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	failed := false
+	for i, l := range batch {
+		if a.leases[l.id] != l {
+			continue // released or lost meanwhile
+		}
+		l.renewing = false
+		err := errs[i]
+		switch {
+		case !now.Before(l.validUntil):
+			// The answer came after the local deadline: the lease was
+			// already given up, whatever the backend says.
+			reason := ReasonExpired
+			if err != nil && !errors.Is(err, backend.ErrNotHeld) {
+				reason = ReasonBackendUnavailable
+			}
+			a.lose(l, reason)
+			continue
+		case err == nil:
+			l.validUntil = sent.Add(l.ttl - a.margin(l.ttl))
+			l.nextRenew = sent.Add(renewInterval(l.ttl))
+			l.atRisk = false
+		case errors.Is(err, backend.ErrNotHeld):
+			a.lose(l, ReasonExpired)
+			continue
+		default:
+			failed = true
+			l.atRisk = true
+			l.nextRenew = now.Add(l.ttl / 10)
+			if l.nextRenew.After(l.validUntil) {
+				l.nextRenew = l.validUntil
+			}
+			a.log.Debug("renewal failed", "name", l.name, "lease", l.id, "error", err)
+		}
+		heap.Fix(&a.sched, l.index)
+	}
+	a.setDegraded(failed)
+	a.kickScheduler()
+}
+
+// setDegraded tells every session with leases when renewals start failing
+// and when they recover. a.mu is held.
+func (a *Agent) setDegraded(failed bool) {
+	if failed == a.degraded {
+		return
+	}
+	a.degraded = failed
+	ev := Event{Kind: EventBackend, State: "ok", Message: "renewals recovered"}
+	if failed {
+		ev = Event{Kind: EventBackend, State: "degraded", Message: "renewals are failing; leases stay valid until their local deadline"}
+		a.log.Warn("backend degraded: renewals are failing")
+	} else {
+		a.log.Info("backend recovered")
+	}
+	for _, s := range a.sessions {
+		if len(s.leases) > 0 {
+			s.send(ev)
+		}
+	}
+}

@@ -1,0 +1,421 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Peer is the process at the other end of a connection, from SO_PEERCRED.
+type Peer struct {
+	PID int32
+	UID uint32
+	GID uint32
+}
+
+// Conn is the connection attached to a session. The agent calls it with its
+// lock held, so neither method may block.
+type Conn interface {
+	// Send queues an event. A connection that cannot keep up closes itself.
+	Send(Event)
+	// Close ends the connection once what is queued has been written.
+	Close()
+}
+
+// Event kinds.
+const (
+	EventLost     = "lost"
+	EventBackend  = "backend"
+	EventShutdown = "shutdown"
+)
+
+// Reasons of a lost event.
+const (
+	ReasonExpired            = "expired"
+	ReasonTakenOver          = "taken_over"
+	ReasonBroken             = "broken"
+	ReasonBackendUnavailable = "backend_unavailable"
+)
+
+// Event is pushed to a session's connection.
+type Event struct {
+	Kind    string // EventLost, EventBackend or EventShutdown
+	Lease   string // lost
+	Name    string // lost
+	Token   uint64 // lost
+	Reason  string // lost
+	State   string // backend: "degraded" or "ok"
+	Message string // backend, shutdown
+}
+
+// Scope says when a lease ends on its own.
+type Scope uint8
+
+const (
+	// ScopeConnection leases end when the connection drops.
+	ScopeConnection Scope = iota
+	// ScopeSession leases end when the session ends.
+	ScopeSession
+)
+
+// String returns the wire name of the scope.
+func (s Scope) String() string {
+	if s == ScopeSession {
+		return "session"
+	}
+	return "connection"
+}
+
+// SessionOptions are the arguments of hello.
+type SessionOptions struct {
+	Client     string
+	SessionTTL time.Duration // how long the session outlives its connection
+}
+
+// maxBacklog bounds the events kept for a detached session beyond one per
+// lease (each lease is lost at most once).
+const maxBacklog = 64
+
+// Session is one client's session. Its methods are safe for concurrent use.
+type Session struct {
+	a      *Agent
+	id     string
+	token  string // resume token
+	peer   Peer
+	client string
+	opened time.Time
+
+	// Guarded by a.mu.
+	ttl     time.Duration
+	conn    Conn
+	backlog []Event            // events while no connection is attached
+	leases  map[string]*lease  // by name
+	pending map[string]*waiter // acquires in progress, by name
+	expiry  *time.Timer        // ends a detached session
+	ended   bool
+}
+
+// ID is the session id.
+func (s *Session) ID() string { return s.id }
+
+// ResumeToken is the secret that lets a new connection resume the session.
+func (s *Session) ResumeToken() string { return s.token }
+
+func validateSessionOptions(o SessionOptions) error {
+	if o.SessionTTL < 0 || o.SessionTTL > MaxSessionTTL {
+		return invalidArg("session_ttl_ms must be between 0 and %d", MaxSessionTTL.Milliseconds())
+	}
+	if len(o.Client) > maxClientLength || !utf8.ValidString(o.Client) {
+		return invalidArg("client must be valid UTF-8 of at most %d bytes", maxClientLength)
+	}
+	return nil
+}
+
+// Open starts a session for peer and attaches conn to it.
+func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error) {
+	if err := validateSessionOptions(opts); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing {
+		return nil, ErrShuttingDown
+	}
+	if len(a.sessions) >= a.cfg.MaxSessions {
+		return nil, fmt.Errorf("%w: %d sessions", ErrLimitExceeded, a.cfg.MaxSessions)
+	}
+	s := &Session{
+		a:       a,
+		id:      newID("s_"),
+		token:   newID(""),
+		peer:    peer,
+		client:  opts.Client,
+		opened:  time.Now(),
+		ttl:     opts.SessionTTL,
+		conn:    conn,
+		leases:  make(map[string]*lease),
+		pending: make(map[string]*waiter),
+	}
+	a.sessions[s.id] = s
+	return s, nil
+}
+
+// Resume attaches conn to an existing session of the same uid, closing the
+// connection attached before, and delivers the events it missed. Every
+// refusal is ErrSessionExpired, whatever its cause.
+func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Conn) (*Session, error) {
+	if err := validateSessionOptions(opts); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing {
+		return nil, ErrShuttingDown
+	}
+	s := a.sessions[id]
+	if s == nil || s.ended || s.peer.UID != peer.UID ||
+		subtle.ConstantTimeCompare([]byte(s.token), []byte(token)) != 1 {
+		return nil, ErrSessionExpired
+	}
+	if s.conn != nil {
+		old := s.conn
+		s.detach()
+		old.Close()
+	}
+	if s.expiry != nil {
+		s.expiry.Stop()
+		s.expiry = nil
+	}
+	s.peer = peer
+	s.client = opts.Client
+	s.ttl = opts.SessionTTL
+	s.conn = conn
+	for _, ev := range s.backlog {
+		conn.Send(ev)
+	}
+	s.backlog = nil
+	return s, nil
+}
+
+// Detach tells the session that conn is gone. Its connection-scoped leases
+// are released at once; the session ends now, or after its TTL if it has one.
+func (s *Session) Detach(conn Conn) {
+	a := s.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s.conn != conn || s.ended {
+		return
+	}
+	s.detach()
+	if s.ttl == 0 {
+		a.releaseLater(s.end(false))
+		return
+	}
+	s.expiry = time.AfterFunc(s.ttl, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if s.conn == nil && !s.ended {
+			a.releaseLater(s.end(false))
+		}
+	})
+}
+
+// detach drops the connection and its connection-scoped leases. a.mu is held.
+func (s *Session) detach() {
+	s.conn = nil
+	var gone []*lease
+	for _, l := range s.leases {
+		if l.scope == ScopeConnection {
+			gone = append(gone, l)
+			s.a.dropLease(l)
+		}
+	}
+	s.a.releaseLater(gone)
+}
+
+// end ends the session and returns its leases, dropped from the agent, for
+// the caller to release in the backend. The attached connection is closed
+// unless keepConn is set (bye answers before it closes). a.mu is held.
+func (s *Session) end(keepConn bool) []*lease {
+	if s.ended {
+		return nil
+	}
+	s.ended = true
+	if s.expiry != nil {
+		s.expiry.Stop()
+	}
+	var gone []*lease
+	for _, l := range s.leases {
+		gone = append(gone, l)
+		s.a.dropLease(l)
+	}
+	delete(s.a.sessions, s.id)
+	if s.conn != nil && !keepConn {
+		s.conn.Close()
+	}
+	s.conn = nil
+	return gone
+}
+
+// send delivers ev to the connection, or keeps it for a resume. a.mu is held.
+func (s *Session) send(ev Event) {
+	if s.ended {
+		return
+	}
+	if s.conn != nil {
+		s.conn.Send(ev)
+		return
+	}
+	if s.ttl > 0 && len(s.backlog) < s.a.cfg.MaxLeasesPerSession+maxBacklog {
+		s.backlog = append(s.backlog, ev)
+	}
+}
+
+// Bye ends the session: every lease is released before it returns.
+func (s *Session) Bye(ctx context.Context) {
+	a := s.a
+	a.mu.Lock()
+	gone := s.end(true)
+	a.mu.Unlock()
+	for _, l := range gone {
+		a.releaseBackend(ctx, l)
+	}
+}
+
+// Release ends one of the session's leases.
+func (s *Session) Release(ctx context.Context, leaseID string) error {
+	a := s.a
+	a.mu.Lock()
+	l := a.leases[leaseID]
+	if l == nil || l.session != s {
+		a.mu.Unlock()
+		return ErrNotHeld
+	}
+	a.dropLease(l)
+	a.mu.Unlock()
+	a.releaseBackend(ctx, l)
+	return nil
+}
+
+// CheckResult is the answer of Check.
+type CheckResult struct {
+	Held      bool
+	Token     uint64
+	ExpiresIn time.Duration
+}
+
+// Check confirms with the backend that the session still holds a lease. A
+// lease the backend no longer has is lost at once.
+func (s *Session) Check(ctx context.Context, leaseID string) (CheckResult, error) {
+	a := s.a
+	a.mu.Lock()
+	l := a.leases[leaseID]
+	if l == nil || l.session != s {
+		a.mu.Unlock()
+		return CheckResult{}, ErrNotHeld
+	}
+	a.mu.Unlock()
+	info, err := a.b.Inspect(ctx, l.name)
+	if err != nil {
+		return CheckResult{}, fmt.Errorf("check %s: %w", l.name, err)
+	}
+	for _, h := range info.Holders {
+		if h.LeaseID == leaseID {
+			return CheckResult{Held: true, Token: l.token, ExpiresIn: h.ExpiresIn}, nil
+		}
+	}
+	a.mu.Lock()
+	if a.leases[leaseID] == l {
+		a.lose(l, ReasonExpired)
+	}
+	a.mu.Unlock()
+	return CheckResult{Held: false, Token: l.token}, nil
+}
+
+// Inspect reports who holds a name.
+func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
+	if err := ValidateName(name); err != nil {
+		return backend.LockInfo{}, err
+	}
+	info, err := s.a.b.Inspect(ctx, name)
+	if err != nil {
+		return backend.LockInfo{}, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return info, nil
+}
+
+// Break ends every lease on a name, here and in the backend; admins only.
+// Local holders get lost with reason broken. It returns how many leases
+// were ended.
+func (s *Session) Break(ctx context.Context, name string) (int, error) {
+	a := s.a
+	if !a.isAdmin(s.peer) {
+		return 0, fmt.Errorf("%w: break is for admins", ErrPermissionDenied)
+	}
+	if err := ValidateName(name); err != nil {
+		return 0, err
+	}
+	info, err := a.b.Inspect(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("break %s: %w", name, err)
+	}
+	n := 0
+	for _, h := range info.Holders {
+		a.mu.Lock()
+		if l := a.leases[h.LeaseID]; l != nil {
+			a.lose(l, ReasonBroken)
+		}
+		a.mu.Unlock()
+		err := a.b.Release(ctx, backend.Lease{Name: name, LeaseID: h.LeaseID, Mode: h.Mode})
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, backend.ErrNotHeld): // it ended meanwhile
+		default:
+			return n, fmt.Errorf("break %s: %w", name, err)
+		}
+	}
+	return n, nil
+}
+
+// LeaseInfo describes a held lease for list.
+type LeaseInfo struct {
+	Lease
+	Meta      string
+	HeldFor   time.Duration
+	ExpiresIn time.Duration // until the agent would report it lost
+}
+
+// WaitInfo describes a waiting acquire for list.
+type WaitInfo struct {
+	Name      string
+	Mode      backend.Mode
+	WaitedFor time.Duration
+}
+
+// SessionInfo describes a session for list.
+type SessionInfo struct {
+	ID        string
+	Peer      Peer
+	Client    string
+	Attached  bool
+	OpenedFor time.Duration
+	Leases    []LeaseInfo
+	Waiting   []WaitInfo
+}
+
+// List describes the sessions of the caller's uid, or every session when all
+// is set (admins only), sorted by id.
+func (s *Session) List(all bool) ([]SessionInfo, error) {
+	a := s.a
+	if all && !a.isAdmin(s.peer) {
+		return nil, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
+	}
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []SessionInfo
+	for _, o := range a.sessions {
+		if !all && o.peer.UID != s.peer.UID {
+			continue
+		}
+		si := SessionInfo{ID: o.id, Peer: o.peer, Client: o.client, Attached: o.conn != nil, OpenedFor: now.Sub(o.opened)}
+		for _, l := range o.leases {
+			si.Leases = append(si.Leases, LeaseInfo{Lease: l.public(), Meta: l.meta, HeldFor: now.Sub(l.granted), ExpiresIn: l.validUntil.Sub(now)})
+		}
+		sort.Slice(si.Leases, func(i, j int) bool { return si.Leases[i].Name < si.Leases[j].Name })
+		for _, w := range o.pending {
+			si.Waiting = append(si.Waiting, WaitInfo{Name: w.req.Name, Mode: w.req.Mode, WaitedFor: now.Sub(w.since)})
+		}
+		sort.Slice(si.Waiting, func(i, j int) bool { return si.Waiting[i].Name < si.Waiting[j].Name })
+		out = append(out, si)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}

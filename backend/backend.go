@@ -1,0 +1,144 @@
+// Package backend defines the contract between the agent and the stores that
+// hold locks: the Backend interface, its request and result types, and the
+// sentinel errors every implementation returns.
+//
+// A backend knows names, lease ids, modes, tokens and TTLs. It knows nothing
+// of sessions, sockets or the wire protocol: those belong to the agent and to
+// socketapi. Implementations live in sub-packages (memory, redis), and
+// backendtest is the conformance suite that every one of them passes.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Implementations wrap them with %w; callers match them with
+// errors.Is.
+var (
+	// ErrHeld: the lock is held in a conflicting mode (or a semaphore is
+	// full). Acquire returns it wrapped in a *HeldError.
+	ErrHeld = errors.New("backend: held")
+	// ErrNotHeld: the lease is not (or no longer) held by that lease id.
+	ErrNotHeld = errors.New("backend: not held")
+	// ErrForeignKey: the lock's storage holds data this agent did not write.
+	// It is never overwritten.
+	ErrForeignKey = errors.New("backend: foreign key")
+	// ErrUnavailable: the backend could not be reached or did not answer in
+	// time. The outcome of the operation is unknown.
+	ErrUnavailable = errors.New("backend: unavailable")
+	// ErrClosed: the backend was closed.
+	ErrClosed = errors.New("backend: closed")
+)
+
+// MaxToken is the bound below which every fencing token stays, so that every
+// JSON library reads tokens exactly.
+const MaxToken = 1<<53 - 1
+
+// Mode is how a lease holds its name.
+type Mode uint8
+
+const (
+	// Exclusive: one holder; denied by any live lease.
+	Exclusive Mode = iota
+	// Shared: any number of holders (or up to a limit); denied by a live
+	// exclusive lease.
+	Shared
+)
+
+// String returns the wire name of the mode.
+func (m Mode) String() string {
+	if m == Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// AcquireRequest is one attempt to take a name.
+type AcquireRequest struct {
+	Name    string
+	LeaseID string // unique for every grant; identifies the owner
+	Mode    Mode
+	// Limit bounds the live shared holders when Mode is Shared and Limit > 0:
+	// the grant is denied if Limit or more shared holders are live.
+	Limit int
+	TTL   time.Duration
+	Meta  string // free text shown to inspect
+	Host  string // the host of the holder, shown to inspect
+}
+
+// Grant is a successful acquire.
+type Grant struct {
+	Token uint64 // fencing token: strictly increasing per name, < MaxToken
+}
+
+// HeldError is the error of a denied acquire. It wraps ErrHeld.
+type HeldError struct {
+	// RetryIn is how long until the lock would be free if nobody renewed:
+	// a hint for when to try again without a notification.
+	RetryIn time.Duration
+}
+
+func (e *HeldError) Error() string { return fmt.Sprintf("%v (retry in %v)", ErrHeld, e.RetryIn) }
+
+// Unwrap lets errors.Is match ErrHeld.
+func (e *HeldError) Unwrap() error { return ErrHeld }
+
+// Lease identifies one grant to renew or release.
+type Lease struct {
+	Name    string
+	LeaseID string
+	Mode    Mode
+}
+
+// RenewRequest extends one lease by TTL from the time the backend applies it.
+type RenewRequest struct {
+	Lease
+	TTL time.Duration
+}
+
+// Holder is one live lease on a name, as Inspect reports it.
+type Holder struct {
+	LeaseID   string
+	Mode      Mode
+	Token     uint64
+	Meta      string
+	Host      string
+	ExpiresIn time.Duration // if nobody renews it
+}
+
+// LockInfo is the state of one name.
+type LockInfo struct {
+	Holders   []Holder // empty when the name is free
+	LastToken uint64   // the last token granted for the name, 0 if unknown
+}
+
+// Backend stores locks. Every method is safe for concurrent use.
+type Backend interface {
+	// Name is the backend's kind, as hello reports it ("memory", "redis").
+	Name() string
+	// Acquire makes one attempt. It returns a *HeldError when the lock is
+	// taken. Acquire is idempotent for a lease id: repeating a granted
+	// request returns the same token.
+	Acquire(ctx context.Context, req AcquireRequest) (Grant, error)
+	// Renew extends a batch of leases in as few round trips as the backend
+	// can. The result has one error per request, in order: nil when renewed,
+	// ErrNotHeld when the lease is gone (authoritative: it will never be
+	// renewed again), anything else when the outcome is unknown.
+	Renew(ctx context.Context, reqs []RenewRequest) []error
+	// Release ends a lease. ErrNotHeld when that lease id does not hold it.
+	Release(ctx context.Context, l Lease) error
+	// Inspect reports the live holders of a name and its last token.
+	Inspect(ctx context.Context, name string) (LockInfo, error)
+	// Watch returns a channel that receives a value (coalesced) whenever
+	// name may have become free, and a function that ends the watch. The
+	// watch is in place when Watch returns, so a release after it is never
+	// missed. Notifications can still be lost on some backends: callers also
+	// retry after HeldError.RetryIn.
+	Watch(ctx context.Context, name string) (<-chan struct{}, func(), error)
+	// Close releases the backend's resources. Operations after Close return
+	// ErrClosed.
+	Close() error
+}

@@ -1,0 +1,203 @@
+package socketapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+)
+
+// Client is a Go client of the wire protocol, used by ctl, run and the
+// tests. Requests may be made from several goroutines; responses are matched
+// to them by id. Events arrive on Events.
+type Client struct {
+	nc     net.Conn
+	events chan Event
+
+	mu      sync.Mutex // guards writes, nextID and pending
+	nextID  int64
+	pending map[string]chan response
+	err     error // why the connection ended
+	done    chan struct{}
+}
+
+// Event is an event pushed by the agent.
+type Event struct {
+	Event   string `json:"event"`
+	Lease   string `json:"lease"`
+	Name    string `json:"name"`
+	Token   uint64 `json:"token"`
+	Reason  string `json:"reason"`
+	State   string `json:"state"`
+	Message string `json:"message"`
+}
+
+// Error is a response with ok false.
+type Error struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Lease   json.RawMessage `json:"lease,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+type response struct {
+	body []byte
+	err  error
+}
+
+// ErrClosed is returned for calls on a connection that has ended.
+var ErrClosed = errors.New("socketapi: connection closed")
+
+// eventBuffer is how many events the client holds for a reader of Events
+// before it stops reading the connection.
+const eventBuffer = 1024
+
+// Dial connects to the agent at path.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", path, err)
+	}
+	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]chan response), done: make(chan struct{})}
+	go c.read()
+	return c, nil
+}
+
+// Events delivers the agent's events. It is closed when the connection ends.
+func (c *Client) Events() <-chan Event { return c.events }
+
+// Done is closed when the connection has ended.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Close closes the connection.
+func (c *Client) Close() error {
+	err := c.nc.Close()
+	<-c.done
+	return err
+}
+
+func (c *Client) read() {
+	defer close(c.done)
+	defer close(c.events)
+	sc := bufio.NewScanner(c.nc)
+	sc.Buffer(make([]byte, 4096), 16<<20)
+	for sc.Scan() {
+		var head struct {
+			ID    json.RawMessage `json:"id"`
+			Event string          `json:"event"`
+		}
+		line := sc.Bytes()
+		if err := json.Unmarshal(line, &head); err != nil {
+			continue
+		}
+		if head.Event != "" {
+			var ev Event
+			if json.Unmarshal(line, &ev) == nil {
+				c.events <- ev
+			}
+			continue
+		}
+		c.mu.Lock()
+		ch := c.pending[string(head.ID)]
+		delete(c.pending, string(head.ID))
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- response{body: append([]byte(nil), line...)}
+		}
+	}
+	err := sc.Err()
+	if err == nil {
+		err = ErrClosed
+	}
+	c.mu.Lock()
+	c.err = err
+	for id, ch := range c.pending {
+		ch <- response{err: err}
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+}
+
+// Call sends op with args (a map or struct whose fields are the request's
+// arguments; nil for none) and decodes the result into result (may be nil).
+// An answer with ok false is an *Error.
+func (c *Client) Call(ctx context.Context, op string, args any, result any) error {
+	ch := make(chan response, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return c.err
+	}
+	c.nextID++
+	id := strconv.FormatInt(c.nextID, 10)
+	line, err := requestLine(id, op, args)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	c.pending[id] = ch
+	_, err = c.nc.Write(line)
+	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	select {
+	case <-ctx.Done():
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+		return ctx.Err()
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("%s: %w", op, r.err)
+		}
+		return decodeResponse(r.body, result)
+	}
+}
+
+// requestLine builds {"id":id,"op":op,...args}.
+func requestLine(id, op string, args any) ([]byte, error) {
+	m := map[string]any{}
+	if args != nil {
+		b, err := json.Marshal(args)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("%s: arguments are not an object: %w", op, err)
+		}
+	}
+	m["id"] = json.Number(id)
+	m["op"] = op
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return append(b, '\n'), nil
+}
+
+func decodeResponse(body []byte, result any) error {
+	var head struct {
+		OK    bool   `json:"ok"`
+		Error *Error `json:"error"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		return fmt.Errorf("bad response: %w", err)
+	}
+	if !head.OK {
+		if head.Error == nil {
+			return errors.New("bad response: ok is false without an error")
+		}
+		return head.Error
+	}
+	if result == nil {
+		return nil
+	}
+	return json.Unmarshal(body, result)
+}

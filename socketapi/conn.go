@@ -1,0 +1,547 @@
+package socketapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend"
+)
+
+// conn is one client connection: a read loop that decodes and dispatches
+// requests, and exactly one writer at a time that drains a bounded queue of
+// responses and events.
+type conn struct {
+	srv  *Server
+	nc   *net.UnixConn
+	peer agent.Peer
+	log  hclog.Logger
+
+	// Owned by the read loop.
+	sess      *agent.Session
+	heartbeat time.Duration
+
+	// mu guards the output queue and the pending requests. It is never held
+	// while calling the agent, which calls Send and Close with its own lock
+	// held.
+	mu       sync.Mutex
+	out      [][]byte
+	outBytes int
+	writing  bool // a goroutine is draining out; it is the only writer
+	closing  bool // close once out is drained
+	closed   bool
+	pending  map[string]context.CancelFunc // cancellable requests by id key
+	writerWG sync.WaitGroup
+	reqWG    sync.WaitGroup // request goroutines
+}
+
+// serve runs the connection until it ends, and returns once every
+// goroutine it started has finished.
+func (c *conn) serve(ctx context.Context) {
+	// Requests end with their connection, not with the server's context:
+	// at shutdown the agent answers them itself.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	lr := newLineReader(c.nc, c.srv.MaxLineBytes)
+	for {
+		if c.heartbeat > 0 {
+			c.nc.SetReadDeadline(time.Now().Add(c.heartbeat))
+		}
+		line, err := lr.readLine()
+		if err != nil {
+			if errors.Is(err, errLineTooLong) {
+				c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
+			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				c.log.Debug("heartbeat missed; connection dropped", "heartbeat", c.heartbeat)
+			}
+			break
+		}
+		if len(line) == 0 {
+			continue
+		}
+		if !c.handle(ctx, line) {
+			break
+		}
+	}
+	// The connection is gone: abandon its pending requests, release its
+	// connection-scoped leases, then flush and close.
+	c.mu.Lock()
+	for _, cancelReq := range c.pending {
+		cancelReq()
+	}
+	c.mu.Unlock()
+	cancel()
+	c.reqWG.Wait()
+	if c.sess != nil {
+		c.sess.Detach(c)
+	}
+	c.Close()
+	c.writerWG.Wait()
+}
+
+// Send queues an event; part of agent.Conn.
+func (c *conn) Send(ev agent.Event) {
+	c.enqueue(encodeEvent(ev), false)
+}
+
+// Close closes the connection once what is queued is written; part of
+// agent.Conn. It does not block.
+func (c *conn) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closing = true
+	if !c.writing && !c.closed {
+		c.closed = true
+		c.nc.Close()
+	}
+}
+
+// enqueue adds a line to the output queue. inline lets the caller, if no
+// writer is active, write it itself; the agent's calls (with its lock held)
+// never do, and get a writer goroutine instead. A peer whose queue exceeds
+// the bound is cut off: it is not reading.
+func (c *conn) enqueue(line []byte, inline bool) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if c.outBytes+len(line) > c.srv.MaxQueueBytes {
+		c.log.Warn("slow consumer cut off", "pid", c.peer.PID, "queued_bytes", c.outBytes)
+		c.closed = true
+		c.nc.Close()
+		c.mu.Unlock()
+		return
+	}
+	c.out = append(c.out, line)
+	c.outBytes += len(line)
+	if c.writing {
+		c.mu.Unlock()
+		return
+	}
+	c.writing = true
+	c.writerWG.Add(1)
+	c.mu.Unlock()
+	if inline {
+		c.drain()
+	} else {
+		go c.drain()
+	}
+}
+
+// drain writes the queue until it is empty; only one drain runs at a time.
+func (c *conn) drain() {
+	defer c.writerWG.Done()
+	for {
+		c.mu.Lock()
+		if len(c.out) == 0 || c.closed {
+			c.writing = false
+			if c.closing && !c.closed {
+				c.closed = true
+				c.nc.Close()
+			}
+			c.mu.Unlock()
+			return
+		}
+		bufs := net.Buffers(c.out)
+		c.out, c.outBytes = nil, 0
+		c.mu.Unlock()
+
+		c.nc.SetWriteDeadline(time.Now().Add(c.srv.WriteTimeout))
+		if _, err := bufs.WriteTo(c.nc); err != nil {
+			c.log.Debug("write failed; connection closed", "error", err)
+			c.mu.Lock()
+			c.closed = true
+			c.nc.Close()
+			c.out, c.outBytes = nil, 0
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+// reply sends a response; a nil result error sends the error's code.
+func (c *conn) reply(id json.RawMessage, result any, err error) {
+	if err != nil {
+		c.enqueue(c.errorLine(id, err), true)
+		return
+	}
+	c.enqueue(encodeOK(id, result), true)
+}
+
+func (c *conn) errorLine(id json.RawMessage, err error) []byte {
+	code, known := errorCode(err)
+	if !known {
+		c.log.Error("internal error", "error", err)
+		return encodeError(id, CodeInternal, "internal error", nil)
+	}
+	var ah *agent.AlreadyHeldError
+	if errors.As(err, &ah) {
+		l := toLeaseJSON(ah.Lease)
+		return encodeError(id, code, err.Error(), &l)
+	}
+	return encodeError(id, code, err.Error(), nil)
+}
+
+// handle decodes and runs one request line. It returns false when the
+// connection must end.
+func (c *conn) handle(ctx context.Context, line []byte) bool {
+	if !utf8.Valid(line) {
+		c.enqueue(encodeError(nil, CodeBadRequest, "a request is UTF-8", nil), true)
+		return true
+	}
+	var req request
+	if err := json.Unmarshal(line, &req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && line[0] == '{' {
+			id := req.ID
+			if !validID(id) {
+				id = nil
+			}
+			c.enqueue(encodeError(id, CodeInvalidArgument, fmt.Sprintf("%s must be a JSON %s", te.Field, expectedType(te)), nil), true)
+			return true
+		}
+		c.enqueue(encodeError(nil, CodeBadRequest, "a request is one JSON object per line", nil), true)
+		return true
+	}
+	if line[0] != '{' {
+		c.enqueue(encodeError(nil, CodeBadRequest, "a request is one JSON object per line", nil), true)
+		return true
+	}
+	if !validID(req.ID) {
+		c.enqueue(encodeError(nil, CodeBadRequest, "id must be a string or an integer", nil), true)
+		return true
+	}
+	id := req.ID
+	if id == nil {
+		id = nullID
+	}
+	if key, dup := duplicateKey(line); dup {
+		c.enqueue(encodeError(id, CodeBadRequest, fmt.Sprintf("key %q appears twice", key), nil), true)
+		return true
+	}
+	if req.Op == "" {
+		c.enqueue(encodeError(id, CodeBadRequest, "op is required", nil), true)
+		return true
+	}
+
+	if req.Op == "hello" {
+		if c.sess != nil {
+			c.enqueue(encodeError(id, CodeBadRequest, "hello must be the first request", nil), true)
+			return true
+		}
+		res, err := c.hello(&req)
+		c.reply(id, res, err)
+		return true
+	}
+	op, known := ops[req.Op]
+	if !known {
+		c.enqueue(encodeError(id, CodeUnknownOp, fmt.Sprintf("unknown op %q", req.Op), nil), true)
+		return true
+	}
+	if c.sess == nil {
+		s, err := c.srv.Agent.Open(c.peer, agent.SessionOptions{}, c)
+		if err != nil {
+			c.reply(id, nil, err)
+			// Without a session the connection is of no use.
+			return !errors.Is(err, agent.ErrLimitExceeded)
+		}
+		c.sess = s
+	}
+	return op(c, ctx, id, &req)
+}
+
+// expectedType names the JSON type a mistyped field needs.
+func expectedType(te *json.UnmarshalTypeError) string {
+	switch te.Type.Kind().String() {
+	case "int64", "int":
+		return "integer in range"
+	case "bool":
+		return "boolean"
+	case "string":
+		return "string"
+	}
+	return "object"
+}
+
+// ops runs every op but hello. An op returns false to end the connection.
+var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req *request) bool{
+	"acquire": (*conn).acquire,
+	"release": (*conn).release,
+	"check":   (*conn).check,
+	"inspect": (*conn).inspect,
+	"list":    (*conn).list,
+	"break":   (*conn).breakOp,
+	"cancel":  (*conn).cancel,
+	"ping":    (*conn).ping,
+	"bye":     (*conn).bye,
+}
+
+func (c *conn) hello(req *request) (any, error) {
+	if req.Version != nil && *req.Version != 1 {
+		return nil, fmt.Errorf("%w: version must be 1", agent.ErrInvalidArgument)
+	}
+	opts := agent.SessionOptions{}
+	if req.Client != nil {
+		opts.Client = *req.Client
+	}
+	if req.SessionTTLMs != nil {
+		opts.SessionTTL = time.Duration(*req.SessionTTLMs) * time.Millisecond
+		if *req.SessionTTLMs < 0 || opts.SessionTTL > agent.MaxSessionTTL {
+			return nil, fmt.Errorf("%w: session_ttl_ms must be between 0 and %d", agent.ErrInvalidArgument, agent.MaxSessionTTL.Milliseconds())
+		}
+	}
+	var hb time.Duration
+	if req.HeartbeatMs != nil {
+		hb = time.Duration(*req.HeartbeatMs) * time.Millisecond
+		if *req.HeartbeatMs != 0 && (*req.HeartbeatMs < agent.MinHeartbeat.Milliseconds() || hb > agent.MaxHeartbeat) {
+			return nil, fmt.Errorf("%w: heartbeat_ms must be 0 or between %d and %d", agent.ErrInvalidArgument, agent.MinHeartbeat.Milliseconds(), agent.MaxHeartbeat.Milliseconds())
+		}
+	}
+	var s *agent.Session
+	var err error
+	if req.Resume != nil {
+		s, err = c.srv.Agent.Resume(c.peer, req.Resume.Session, req.Resume.Token, opts, c)
+	} else {
+		s, err = c.srv.Agent.Open(c.peer, opts, c)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.sess = s
+	c.heartbeat = hb
+	info := c.srv.Agent.Info()
+	return helloResult{
+		Session:     s.ID(),
+		ResumeToken: s.ResumeToken(),
+		Resumed:     req.Resume != nil,
+		Agent: agentInfo{
+			Version:      info.Version,
+			Backend:      info.Backend,
+			MaxLineBytes: c.srv.MaxLineBytes,
+			TTLMs:        ttlBounds{info.DefaultTTL.Milliseconds(), info.MinTTL.Milliseconds(), info.MaxTTL.Milliseconds()},
+		},
+	}, nil
+}
+
+func parseMode(s *string) (backend.Mode, error) {
+	switch {
+	case s == nil || *s == "exclusive":
+		return backend.Exclusive, nil
+	case *s == "shared":
+		return backend.Shared, nil
+	}
+	return 0, fmt.Errorf("%w: mode must be exclusive or shared", agent.ErrInvalidArgument)
+}
+
+func parseScope(s *string) (agent.Scope, error) {
+	switch {
+	case s == nil || *s == "connection":
+		return agent.ScopeConnection, nil
+	case *s == "session":
+		return agent.ScopeSession, nil
+	}
+	return 0, fmt.Errorf("%w: scope must be connection or session", agent.ErrInvalidArgument)
+}
+
+// maxMillis bounds every *_ms argument, so that converting it to a
+// time.Duration cannot overflow.
+const maxMillis = int64(1<<63-1) / int64(time.Millisecond)
+
+func millis(field string, v *int64) (time.Duration, error) {
+	if v == nil {
+		return 0, nil
+	}
+	if *v > maxMillis || *v < -maxMillis {
+		return 0, fmt.Errorf("%w: %s is out of range", agent.ErrInvalidArgument, field)
+	}
+	return time.Duration(*v) * time.Millisecond, nil
+}
+
+func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
+	var ar agent.AcquireRequest
+	var err error
+	if req.Name == nil {
+		return ar, fmt.Errorf("%w: name is required", agent.ErrInvalidName)
+	}
+	ar.Name = *req.Name
+	if ar.Mode, err = parseMode(req.Mode); err != nil {
+		return ar, err
+	}
+	if ar.Scope, err = parseScope(req.Scope); err != nil {
+		return ar, err
+	}
+	if req.Limit != nil {
+		if *req.Limit < 1 || *req.Limit > 1<<31 {
+			return ar, fmt.Errorf("%w: limit must be a positive integer", agent.ErrInvalidArgument)
+		}
+		ar.Limit = int(*req.Limit)
+	}
+	if ar.TTL, err = millis("ttl_ms", req.TTLMs); err != nil {
+		return ar, err
+	}
+	if req.TTLMs != nil && *req.TTLMs <= 0 {
+		return ar, fmt.Errorf("%w: ttl_ms must be positive", agent.ErrInvalidArgument)
+	}
+	if ar.Wait, err = millis("wait_ms", req.WaitMs); err != nil {
+		return ar, err
+	}
+	if req.Meta != nil {
+		ar.Meta = *req.Meta
+	}
+	return ar, nil
+}
+
+// acquire runs in its own goroutine, so that a waiting acquire never delays
+// the connection's other requests. It can be cancelled by its id.
+func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bool {
+	ar, err := c.parseAcquire(req)
+	if err != nil {
+		c.reply(id, nil, err)
+		return true
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	key, cancellable := idKey(id)
+	c.mu.Lock()
+	if cancellable {
+		if _, dup := c.pending[key]; dup {
+			c.mu.Unlock()
+			cancel()
+			c.reply(id, nil, fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument))
+			return true
+		}
+		c.pending[key] = cancel
+	}
+	c.mu.Unlock()
+	c.reqWG.Add(1)
+	go func() {
+		defer c.reqWG.Done()
+		defer cancel()
+		res, err := c.sess.Acquire(ctx, ar)
+		if cancellable {
+			c.mu.Lock()
+			delete(c.pending, key)
+			c.mu.Unlock()
+		}
+		switch {
+		case err != nil:
+			c.reply(id, nil, err)
+		case res.Acquired:
+			c.reply(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(res.Lease)}, nil)
+		default:
+			c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
+		}
+	}()
+	return true
+}
+
+func leaseArg(req *request) (string, error) {
+	if req.Lease == nil {
+		return "", fmt.Errorf("%w: lease is required", agent.ErrNotHeld)
+	}
+	return *req.Lease, nil
+}
+
+func (c *conn) release(ctx context.Context, id json.RawMessage, req *request) bool {
+	l, err := leaseArg(req)
+	if err == nil {
+		err = c.sess.Release(ctx, l)
+	}
+	c.reply(id, releaseResult{Released: true}, err)
+	return true
+}
+
+func (c *conn) check(ctx context.Context, id json.RawMessage, req *request) bool {
+	l, err := leaseArg(req)
+	var res agent.CheckResult
+	if err == nil {
+		res, err = c.sess.Check(ctx, l)
+	}
+	c.reply(id, checkResult{Held: res.Held, Token: res.Token, ExpiresInMs: res.ExpiresIn.Milliseconds()}, err)
+	return true
+}
+
+func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bool {
+	if req.Name == nil {
+		c.reply(id, nil, fmt.Errorf("%w: name is required", agent.ErrInvalidName))
+		return true
+	}
+	info, err := c.sess.Inspect(ctx, *req.Name)
+	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken}
+	if len(info.Holders) > 0 {
+		res.Locked = true
+		m := info.Holders[0].Mode.String()
+		res.Mode = &m
+	}
+	c.reply(id, res, err)
+	return true
+}
+
+func (c *conn) list(_ context.Context, id json.RawMessage, req *request) bool {
+	all := req.All != nil && *req.All
+	infos, err := c.sess.List(all)
+	res := listResult{Sessions: make([]sessionJSON, 0, len(infos))}
+	for _, si := range infos {
+		sj := sessionJSON{Session: si.ID, PID: si.Peer.PID, UID: si.Peer.UID, Client: si.Client, Attached: si.Attached,
+			Leases: make([]listLeaseJSON, 0, len(si.Leases)), Waiting: make([]waitingJSON, 0, len(si.Waiting))}
+		for _, l := range si.Leases {
+			sj.Leases = append(sj.Leases, listLeaseJSON{toLeaseJSON(l.Lease), l.Meta, l.HeldFor.Milliseconds(), l.ExpiresIn.Milliseconds()})
+		}
+		for _, w := range si.Waiting {
+			sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
+		}
+		res.Sessions = append(res.Sessions, sj)
+	}
+	c.reply(id, res, err)
+	return true
+}
+
+func (c *conn) breakOp(ctx context.Context, id json.RawMessage, req *request) bool {
+	if req.Name == nil {
+		c.reply(id, nil, fmt.Errorf("%w: name is required", agent.ErrInvalidName))
+		return true
+	}
+	n, err := c.sess.Break(ctx, *req.Name)
+	c.reply(id, breakResult{Broken: n}, err)
+	return true
+}
+
+func (c *conn) cancel(_ context.Context, id json.RawMessage, req *request) bool {
+	if len(req.Target) > 0 && !validID(req.Target) {
+		c.reply(id, nil, fmt.Errorf("%w: target must be the id of a pending request", agent.ErrInvalidArgument))
+		return true
+	}
+	key, ok := idKey(req.Target)
+	var cancelReq context.CancelFunc
+	if ok {
+		c.mu.Lock()
+		cancelReq = c.pending[key]
+		delete(c.pending, key)
+		c.mu.Unlock()
+	}
+	if cancelReq != nil {
+		cancelReq()
+	}
+	c.reply(id, cancelResult{Canceled: cancelReq != nil}, nil)
+	return true
+}
+
+func (c *conn) ping(_ context.Context, id json.RawMessage, _ *request) bool {
+	c.reply(id, pongResult{Pong: true}, nil)
+	return true
+}
+
+func (c *conn) bye(ctx context.Context, id json.RawMessage, _ *request) bool {
+	c.sess.Bye(ctx)
+	c.reply(id, struct{}{}, nil)
+	return false
+}

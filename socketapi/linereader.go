@@ -1,0 +1,81 @@
+package socketapi
+
+import (
+	"bytes"
+	"errors"
+	"io"
+)
+
+// errLineTooLong is returned by readLine when a line exceeds the limit.
+var errLineTooLong = errors.New("socketapi: line too long")
+
+// Buffer sizes of a connection's line reader: small while idle so that
+// thousands of idle sessions cost little, grown up to the line limit for a
+// long line, and shrunk again after it.
+const (
+	minReadBuf    = 512
+	shrinkReadBuf = 16 << 10
+)
+
+// lineReader reads newline-terminated lines of at most max bytes.
+type lineReader struct {
+	r          io.Reader
+	buf        []byte
+	start, end int // buf[start:end] is read but not yet returned
+	max        int
+}
+
+func newLineReader(r io.Reader, max int) *lineReader {
+	return &lineReader{r: r, max: max}
+}
+
+// readLine returns the next line without its "\n" (nor a "\r" before it).
+// The slice is valid until the next call. A line longer than max bytes is
+// errLineTooLong: the reader stops at the limit and never buffers more.
+func (lr *lineReader) readLine() ([]byte, error) {
+	for {
+		if i := bytes.IndexByte(lr.buf[lr.start:lr.end], '\n'); i >= 0 {
+			line := lr.buf[lr.start : lr.start+i]
+			lr.start += i + 1
+			if len(line) > lr.max {
+				return nil, errLineTooLong
+			}
+			return bytes.TrimSuffix(line, []byte{'\r'}), nil
+		}
+		if lr.end-lr.start > lr.max {
+			return nil, errLineTooLong
+		}
+		lr.makeRoom()
+		n, err := lr.r.Read(lr.buf[lr.end:])
+		lr.end += n
+		if err != nil && n == 0 {
+			return nil, err
+		}
+	}
+}
+
+// makeRoom ensures free space after end: it moves pending bytes to the
+// front, grows the buffer (up to max+1 bytes of line and its newline), or
+// shrinks one left large by an earlier long line.
+func (lr *lineReader) makeRoom() {
+	pending := lr.end - lr.start
+	if lr.buf == nil {
+		lr.buf = make([]byte, minReadBuf)
+	}
+	if len(lr.buf) > shrinkReadBuf && pending < minReadBuf {
+		nb := make([]byte, minReadBuf)
+		copy(nb, lr.buf[lr.start:lr.end])
+		lr.buf, lr.start, lr.end = nb, 0, pending
+		return
+	}
+	if lr.start > 0 {
+		copy(lr.buf, lr.buf[lr.start:lr.end])
+		lr.start, lr.end = 0, pending
+	}
+	if lr.end == len(lr.buf) {
+		size := min(2*len(lr.buf), lr.max+2)
+		nb := make([]byte, size)
+		copy(nb, lr.buf[:lr.end])
+		lr.buf = nb
+	}
+}

@@ -1,0 +1,129 @@
+// Package socketapi speaks lockagent's wire protocol, version 1: newline-
+// delimited JSON over a Unix stream socket. It owns the listener, each
+// connection's read loop and single writer, framing limits, peer
+// credentials and the mapping of errors to wire codes; and the Go client
+// that ctl, run and the tests use.
+//
+// It drives the agent package and knows nothing of how locks are stored.
+package socketapi
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lockagent/lockagent/agent"
+)
+
+// Server serves the wire protocol for an agent. Set the fields, then call
+// Serve; zero values take the defaults noted.
+type Server struct {
+	Agent  *agent.Agent // required
+	Logger hclog.Logger // default: a null logger
+
+	MaxLineBytes  int           // default 65536
+	MaxConns      int           // open connections; beyond it a connection is refused. Default 10000
+	MaxQueueBytes int           // unwritten output per connection before it is cut off; default 1 MiB
+	WriteTimeout  time.Duration // a write blocked longer cuts the connection off; default 10s
+}
+
+func (s *Server) setDefaults() {
+	if s.Logger == nil {
+		s.Logger = hclog.NewNullLogger()
+	}
+	if s.MaxLineBytes == 0 {
+		s.MaxLineBytes = 64 << 10
+	}
+	if s.MaxConns == 0 {
+		s.MaxConns = 10000
+	}
+	if s.MaxQueueBytes == 0 {
+		s.MaxQueueBytes = 1 << 20
+	}
+	if s.WriteTimeout == 0 {
+		s.WriteTimeout = 10 * time.Second
+	}
+}
+
+// Serve accepts connections on ln until ctx is done. Then it stops
+// accepting, waits for the agent to finish its shutdown (which tells every
+// session and closes its connection), closes what connections remain, and
+// returns nil once every connection's goroutines have finished. The
+// listener is closed (and its socket file removed) when Serve returns.
+func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
+	s.setDefaults()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = make(map[*conn]struct{})
+	)
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+
+	var err error
+	for {
+		var nc *net.UnixConn
+		nc, err = ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = nil
+				break
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			break
+		}
+		mu.Lock()
+		full := len(conns) >= s.MaxConns
+		mu.Unlock()
+		if full {
+			s.refuse(nc)
+			continue
+		}
+		c := &conn{srv: s, nc: nc, log: s.Logger, pending: make(map[string]context.CancelFunc)}
+		c.peer, err = peerOf(nc)
+		if err != nil {
+			s.Logger.Warn("connection refused", "error", err)
+			nc.Close()
+			continue
+		}
+		c.log = s.Logger.With("pid", c.peer.PID, "uid", c.peer.UID)
+		mu.Lock()
+		conns[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.serve(ctx)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+		}()
+	}
+	ln.Close()
+	if ctx.Err() != nil {
+		<-s.Agent.Done()
+	}
+	mu.Lock()
+	for c := range conns {
+		c.Close()
+	}
+	mu.Unlock()
+	wg.Wait()
+	return err
+}
+
+// refuse answers a connection beyond the cap with an error line and closes
+// it, rather than leave it waiting in the backlog.
+func (s *Server) refuse(nc *net.UnixConn) {
+	s.Logger.Warn("connection refused: too many connections", "max", s.MaxConns)
+	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	nc.Write(encodeError(nil, CodeLimitExceeded, "too many connections", nil))
+	nc.Close()
+}

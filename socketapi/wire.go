@@ -1,0 +1,370 @@
+package socketapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Error codes of the wire protocol.
+const (
+	CodeBadRequest         = "bad_request"
+	CodeUnknownOp          = "unknown_op"
+	CodeLineTooLong        = "line_too_long"
+	CodeInvalidName        = "invalid_name"
+	CodeInvalidArgument    = "invalid_argument"
+	CodeNotHeld            = "not_held"
+	CodeAlreadyHeld        = "already_held"
+	CodeCanceled           = "canceled"
+	CodePermissionDenied   = "permission_denied"
+	CodeLimitExceeded      = "limit_exceeded"
+	CodeSessionExpired     = "session_expired"
+	CodeBackendUnavailable = "backend_unavailable"
+	CodeForeignKey         = "foreign_key"
+	CodeShuttingDown       = "shutting_down"
+	CodeInternal           = "internal"
+)
+
+// errorCode maps an error to its wire code: the one place where it is done.
+// ok is false for an unexpected error, which is sent as internal.
+func errorCode(err error) (code string, ok bool) {
+	switch {
+	case errors.Is(err, agent.ErrInvalidName):
+		return CodeInvalidName, true
+	case errors.Is(err, agent.ErrInvalidArgument):
+		return CodeInvalidArgument, true
+	case errors.Is(err, agent.ErrNotHeld):
+		return CodeNotHeld, true
+	case errors.Is(err, agent.ErrAlreadyHeld):
+		return CodeAlreadyHeld, true
+	case errors.Is(err, agent.ErrPermissionDenied):
+		return CodePermissionDenied, true
+	case errors.Is(err, agent.ErrLimitExceeded):
+		return CodeLimitExceeded, true
+	case errors.Is(err, agent.ErrSessionExpired):
+		return CodeSessionExpired, true
+	case errors.Is(err, agent.ErrShuttingDown):
+		return CodeShuttingDown, true
+	case errors.Is(err, agent.ErrSessionEnded), errors.Is(err, context.Canceled):
+		return CodeCanceled, true
+	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrClosed),
+		errors.Is(err, context.DeadlineExceeded):
+		return CodeBackendUnavailable, true
+	case errors.Is(err, backend.ErrForeignKey):
+		return CodeForeignKey, true
+	}
+	return CodeInternal, false
+}
+
+// request is every field any op takes. Pointers tell absent from zero.
+type request struct {
+	ID json.RawMessage `json:"id"`
+	Op string          `json:"op"`
+
+	// hello
+	Version      *int64      `json:"version"`
+	Client       *string     `json:"client"`
+	SessionTTLMs *int64      `json:"session_ttl_ms"`
+	HeartbeatMs  *int64      `json:"heartbeat_ms"`
+	Resume       *resumeArgs `json:"resume"`
+
+	// acquire, release, check, inspect, break, list, cancel
+	Name   *string         `json:"name"`
+	Mode   *string         `json:"mode"`
+	Limit  *int64          `json:"limit"`
+	Scope  *string         `json:"scope"`
+	TTLMs  *int64          `json:"ttl_ms"`
+	WaitMs *int64          `json:"wait_ms"`
+	Meta   *string         `json:"meta"`
+	Lease  *string         `json:"lease"`
+	All    *bool           `json:"all"`
+	Target json.RawMessage `json:"target"`
+}
+
+type resumeArgs struct {
+	Session string `json:"session"`
+	Token   string `json:"token"`
+}
+
+// Results, one per op.
+
+type helloResult struct {
+	Session     string    `json:"session"`
+	ResumeToken string    `json:"resume_token"`
+	Resumed     bool      `json:"resumed"`
+	Agent       agentInfo `json:"agent"`
+}
+
+type agentInfo struct {
+	Version      string    `json:"version"`
+	Backend      string    `json:"backend"`
+	MaxLineBytes int       `json:"max_line_bytes"`
+	TTLMs        ttlBounds `json:"ttl_ms"`
+}
+
+type ttlBounds struct {
+	Default int64 `json:"default"`
+	Min     int64 `json:"min"`
+	Max     int64 `json:"max"`
+}
+
+// leaseJSON is a lease on the wire.
+type leaseJSON struct {
+	Lease string `json:"lease"`
+	Name  string `json:"name"`
+	Mode  string `json:"mode"`
+	Scope string `json:"scope"`
+	Token uint64 `json:"token"`
+	TTLMs int64  `json:"ttl_ms"`
+}
+
+func toLeaseJSON(l agent.Lease) leaseJSON {
+	return leaseJSON{l.ID, l.Name, l.Mode.String(), l.Scope.String(), l.Token, l.TTL.Milliseconds()}
+}
+
+type grantedResult struct {
+	Acquired bool `json:"acquired"`
+	leaseJSON
+}
+
+type deniedResult struct {
+	Acquired bool         `json:"acquired"`
+	Reason   string       `json:"reason"`
+	Holders  []holderJSON `json:"holders"`
+}
+
+type holderJSON struct {
+	Mode        string `json:"mode"`
+	Token       uint64 `json:"token"`
+	Meta        string `json:"meta"`
+	Host        string `json:"host"`
+	ExpiresInMs int64  `json:"expires_in_ms"`
+}
+
+func toHolders(hs []backend.Holder) []holderJSON {
+	out := make([]holderJSON, len(hs))
+	for i, h := range hs {
+		out[i] = holderJSON{h.Mode.String(), h.Token, h.Meta, h.Host, h.ExpiresIn.Milliseconds()}
+	}
+	return out
+}
+
+type releaseResult struct {
+	Released bool `json:"released"`
+}
+
+type checkResult struct {
+	Held        bool   `json:"held"`
+	Token       uint64 `json:"token"`
+	ExpiresInMs int64  `json:"expires_in_ms"`
+}
+
+type inspectResult struct {
+	Locked    bool         `json:"locked"`
+	Mode      *string      `json:"mode"`
+	Holders   []holderJSON `json:"holders"`
+	LastToken uint64       `json:"last_token"`
+}
+
+type listResult struct {
+	Sessions []sessionJSON `json:"sessions"`
+}
+
+type sessionJSON struct {
+	Session  string          `json:"session"`
+	PID      int32           `json:"pid"`
+	UID      uint32          `json:"uid"`
+	Client   string          `json:"client"`
+	Attached bool            `json:"attached"`
+	Leases   []listLeaseJSON `json:"leases"`
+	Waiting  []waitingJSON   `json:"waiting"`
+}
+
+type listLeaseJSON struct {
+	leaseJSON
+	Meta        string `json:"meta"`
+	HeldForMs   int64  `json:"held_for_ms"`
+	ExpiresInMs int64  `json:"expires_in_ms"`
+}
+
+type waitingJSON struct {
+	Name     string `json:"name"`
+	Mode     string `json:"mode"`
+	WaitedMs int64  `json:"waited_ms"`
+}
+
+type breakResult struct {
+	Broken int `json:"broken"`
+}
+
+type cancelResult struct {
+	Canceled bool `json:"canceled"`
+}
+
+type pongResult struct {
+	Pong bool `json:"pong"`
+}
+
+type errorBody struct {
+	Code    string     `json:"code"`
+	Message string     `json:"message"`
+	Lease   *leaseJSON `json:"lease,omitempty"`
+}
+
+type errorResponse struct {
+	ID    json.RawMessage `json:"id"`
+	OK    bool            `json:"ok"`
+	Error errorBody       `json:"error"`
+}
+
+type eventJSON struct {
+	Event   string  `json:"event"`
+	Lease   string  `json:"lease,omitempty"`
+	Name    string  `json:"name,omitempty"`
+	Token   *uint64 `json:"token,omitempty"`
+	Reason  string  `json:"reason,omitempty"`
+	State   string  `json:"state,omitempty"`
+	Message string  `json:"message,omitempty"`
+}
+
+func encodeEvent(ev agent.Event) []byte {
+	e := eventJSON{Event: ev.Kind, Lease: ev.Lease, Name: ev.Name, Reason: ev.Reason, State: ev.State, Message: ev.Message}
+	if ev.Kind == agent.EventLost {
+		e.Token = &ev.Token
+	}
+	return marshalLine(e)
+}
+
+var nullID = json.RawMessage("null")
+
+// encodeOK builds {"id":ID,"ok":true,...result}.
+func encodeOK(id json.RawMessage, result any) []byte {
+	body, err := json.Marshal(result)
+	if err != nil || len(body) < 2 || body[0] != '{' {
+		panic("socketapi: result is not a JSON object") // results are this package's own types
+	}
+	var b bytes.Buffer
+	b.Grow(len(id) + len(body) + 16)
+	b.WriteString(`{"id":`)
+	b.Write(id)
+	b.WriteString(`,"ok":true`)
+	if len(body) > 2 {
+		b.WriteByte(',')
+		b.Write(body[1:])
+	} else {
+		b.WriteByte('}')
+	}
+	b.WriteByte('\n')
+	return b.Bytes()
+}
+
+func encodeError(id json.RawMessage, code, message string, lease *leaseJSON) []byte {
+	if id == nil {
+		id = nullID
+	}
+	return marshalLine(errorResponse{ID: id, Error: errorBody{Code: code, Message: message, Lease: lease}})
+}
+
+func marshalLine(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("socketapi: " + err.Error()) // only this package's own types are marshalled
+	}
+	return append(b, '\n')
+}
+
+// validID tells whether raw is a JSON string or integer, the ids a client
+// may use. An absent id (nil) is valid and answered as null.
+func validID(raw json.RawMessage) bool {
+	if len(raw) == 0 {
+		return true
+	}
+	switch raw[0] {
+	case '"':
+		return true
+	case 'n':
+		return string(raw) == "null"
+	}
+	_, err := strconv.ParseInt(string(raw), 10, 64)
+	if err == nil {
+		return true
+	}
+	// Integers beyond int64 are still integers.
+	for i, c := range raw {
+		if !(c >= '0' && c <= '9' || i == 0 && c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// idKey is a canonical form of an id, so that a cancel's target matches the
+// id of the request it names however the string was escaped.
+func idKey(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" || !validID(raw) {
+		return "", false
+	}
+	if raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return "", false
+		}
+		return "s:" + s, true
+	}
+	return "n:" + string(raw), true
+}
+
+// duplicateKey reports the first top-level key that appears twice in line,
+// which must be a valid JSON object. JSON libraries disagree on which value
+// of a duplicated key wins, so the agent refuses such a request rather than
+// guess.
+func duplicateKey(line []byte) (string, bool) {
+	var seen []string
+	depth := 0
+	expectKey := false
+	for i := 0; i < len(line); i++ {
+		switch c := line[i]; c {
+		case '{', '[':
+			depth++
+			expectKey = depth == 1 && c == '{'
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		case '"':
+			end := stringEnd(line, i)
+			if depth == 1 && expectKey {
+				var key string
+				if json.Unmarshal(line[i:end], &key) == nil {
+					for _, k := range seen {
+						if k == key {
+							return key, true
+						}
+					}
+					seen = append(seen, key)
+				}
+				expectKey = false
+			}
+			i = end - 1
+		}
+	}
+	return "", false
+}
+
+// stringEnd returns the index just past the JSON string starting at line[i].
+func stringEnd(line []byte, i int) int {
+	for j := i + 1; j < len(line); j++ {
+		switch line[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(line)
+}
