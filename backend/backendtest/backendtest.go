@@ -1,0 +1,637 @@
+// Package backendtest is the conformance suite of backend.Backend. Every
+// backend's tests call Run, which checks the contract of package backend:
+// conflicts between modes, semaphores, idempotent acquires, fencing tokens,
+// ownership of renew and release, expiry, inspect, watch, cancellation and
+// close. It tests the contract only, never an implementation's internals.
+//
+// It runs in real time (a few seconds in all), because some backends keep
+// time outside the process: expiries use TTLs of a fraction of a second and
+// are awaited by polling with a deadline.
+package backendtest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+const (
+	// ttl is long enough that no lease expires unless a test means it to.
+	ttl = 10 * time.Second
+	// shortTTL is for the leases that a test waits to see expire.
+	shortTTL = 300 * time.Millisecond
+	// waitFor bounds every poll; tick is its interval.
+	waitFor = 5 * time.Second
+	tick    = 5 * time.Millisecond
+	// quiet is how long a watch must stay silent to count as not notified.
+	quiet = 50 * time.Millisecond
+)
+
+// Run checks the backend contract against fresh backends from open, one per
+// subtest. open must return a backend in which no name was ever locked, and
+// arrange for it to be closed when t ends (t.Cleanup); that Close may return
+// ErrClosed, as the suite closes some backends itself.
+func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, b backend.Backend)
+	}{
+		{"Conflicts", testConflicts},
+		{"Semaphore", testSemaphore},
+		{"RetryIn", testRetryIn},
+		{"IdempotentAcquire", testIdempotentAcquire},
+		{"LeaseIDInOtherMode", testLeaseIDInOtherMode},
+		{"TokensIncrease", testTokensIncrease},
+		{"ReleaseNotHeld", testReleaseNotHeld},
+		{"RenewBatch", testRenewBatch},
+		{"ExpiryFreesName", testExpiryFreesName},
+		{"RenewKeepsAlive", testRenewKeepsAlive},
+		{"Inspect", testInspect},
+		{"Watch", testWatch},
+		{"ConcurrentAcquire", testConcurrentAcquire},
+		{"CanceledContext", testCanceledContext},
+		{"Closed", testClosed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, open(t)) })
+	}
+}
+
+// request is an acquire of name by lease for ttl.
+func request(name, lease string, mode backend.Mode) backend.AcquireRequest {
+	return backend.AcquireRequest{Name: name, LeaseID: lease, Mode: mode, TTL: ttl}
+}
+
+// lease is the lease that req asks for.
+func lease(req backend.AcquireRequest) backend.Lease {
+	return backend.Lease{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}
+}
+
+// mustAcquire requires req to be granted and returns a valid token.
+func mustAcquire(t *testing.T, b backend.Backend, req backend.AcquireRequest) uint64 {
+	t.Helper()
+	g, err := b.Acquire(t.Context(), req)
+	require.NoError(t, err, "acquire %s by %s", req.Name, req.LeaseID)
+	require.Positive(t, g.Token, "token")
+	require.Less(t, g.Token, uint64(backend.MaxToken), "token")
+	return g.Token
+}
+
+// mustDeny requires req to be denied with a HeldError and returns its
+// RetryIn, which must be positive.
+func mustDeny(t *testing.T, b backend.Backend, req backend.AcquireRequest) time.Duration {
+	t.Helper()
+	_, err := b.Acquire(t.Context(), req)
+	var held *backend.HeldError
+	require.ErrorAs(t, err, &held, "acquire %s by %s", req.Name, req.LeaseID)
+	require.ErrorIs(t, err, backend.ErrHeld)
+	require.Positive(t, held.RetryIn, "RetryIn")
+	return held.RetryIn
+}
+
+func mustRelease(t *testing.T, b backend.Backend, l backend.Lease) {
+	t.Helper()
+	require.NoError(t, b.Release(t.Context(), l), "release %s by %s", l.Name, l.LeaseID)
+}
+
+func mustInspect(t *testing.T, b backend.Backend, name string) backend.LockInfo {
+	t.Helper()
+	info, err := b.Inspect(t.Context(), name)
+	require.NoError(t, err, "inspect %s", name)
+	return info
+}
+
+// requireHolders requires the live holders of name to be exactly these
+// lease ids with these tokens.
+func requireHolders(t *testing.T, b backend.Backend, name string, want map[string]uint64) {
+	t.Helper()
+	got := map[string]uint64{}
+	for _, h := range mustInspect(t, b, name).Holders {
+		got[h.LeaseID] = h.Token
+	}
+	require.Equal(t, want, got, "holders of %s", name)
+}
+
+// waitFree polls until name has no live holder.
+func waitFree(t *testing.T, b backend.Backend, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		info, err := b.Inspect(t.Context(), name)
+		return assert.NoError(t, err) && len(info.Holders) == 0
+	}, waitFor, tick, "%s never became free", name)
+}
+
+// expireSoon acquires req with shortTTL. It returns the time before the
+// acquire was sent, and a function that waits until the lease has expired
+// without touching its name (a backend may prune a name whenever it is
+// touched): it polls a probe lease on another name, granted just after req
+// with the same TTL, which cannot expire before req does.
+func expireSoon(t *testing.T, b backend.Backend, req backend.AcquireRequest) (time.Time, func()) {
+	t.Helper()
+	req.TTL = shortTTL
+	probe := request(req.Name+"/probe", "probe", backend.Exclusive)
+	probe.TTL = shortTTL
+	sent := time.Now()
+	mustAcquire(t, b, req)
+	mustAcquire(t, b, probe)
+	return sent, func() {
+		t.Helper()
+		waitFree(t, b, probe.Name)
+	}
+}
+
+// requireNotified waits for a notification on ch.
+func requireNotified(t *testing.T, ch <-chan struct{}, msg string) {
+	t.Helper()
+	timer := time.NewTimer(waitFor)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		require.FailNow(t, msg)
+	}
+}
+
+// requireQuiet requires ch to receive nothing for a while: a backend may
+// deliver notifications asynchronously.
+func requireQuiet(t *testing.T, ch <-chan struct{}, msg string) {
+	t.Helper()
+	timer := time.NewTimer(quiet)
+	defer timer.Stop()
+	select {
+	case <-ch:
+		require.FailNow(t, msg)
+	case <-timer.C:
+	}
+}
+
+func testConflicts(t *testing.T, b backend.Backend) {
+	x, s := backend.Exclusive, backend.Shared
+	for _, tt := range []struct {
+		first, second backend.Mode
+		granted       bool
+	}{
+		{x, x, false},
+		{x, s, false},
+		{s, x, false},
+		{s, s, true},
+	} {
+		name := "conflict/" + tt.first.String() + "/" + tt.second.String()
+		t.Run(tt.first.String()+"/"+tt.second.String(), func(t *testing.T) {
+			a := request(name, "a", tt.first)
+			c := request(name, "c", tt.second)
+			ta := mustAcquire(t, b, a)
+			if tt.granted {
+				tc := mustAcquire(t, b, c)
+				require.NotEqual(t, ta, tc)
+				requireHolders(t, b, name, map[string]uint64{"a": ta, "c": tc})
+				return
+			}
+			require.LessOrEqual(t, mustDeny(t, b, c), ttl, "RetryIn")
+			requireHolders(t, b, name, map[string]uint64{"a": ta})
+			mustRelease(t, b, lease(a))
+			tc := mustAcquire(t, b, c)
+			requireHolders(t, b, name, map[string]uint64{"c": tc})
+		})
+	}
+}
+
+func testSemaphore(t *testing.T, b backend.Backend) {
+	const name, limit = "sem", 3
+	slot := func(id string) backend.AcquireRequest {
+		req := request(name, id, backend.Shared)
+		req.Limit = limit
+		return req
+	}
+	held := map[string]uint64{}
+	for _, id := range []string{"s1", "s2", "s3"} {
+		held[id] = mustAcquire(t, b, slot(id))
+	}
+	require.LessOrEqual(t, mustDeny(t, b, slot("s4")), ttl, "RetryIn")
+	requireHolders(t, b, name, held)
+
+	// The acquiring request's limit decides: without one, no bound.
+	unlimited := request(name, "u", backend.Shared)
+	mustAcquire(t, b, unlimited)
+	mustRelease(t, b, lease(unlimited))
+
+	// An exclusive request stays out however many slots are free.
+	mustDeny(t, b, request(name, "x", backend.Exclusive))
+
+	// A release frees a slot.
+	mustRelease(t, b, lease(slot("s2")))
+	delete(held, "s2")
+	held["s4"] = mustAcquire(t, b, slot("s4"))
+	requireHolders(t, b, name, held)
+	mustDeny(t, b, slot("s5"))
+}
+
+func testRetryIn(t *testing.T, b backend.Backend) {
+	// An exclusive holder: retry when it expires.
+	mustAcquire(t, b, request("retry/x", "a", backend.Exclusive))
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		d := mustDeny(t, b, request("retry/x", "c", mode))
+		require.LessOrEqual(t, d, ttl, "RetryIn behind an exclusive holder, %v", mode)
+		require.Greater(t, d, ttl/2, "RetryIn behind an exclusive holder, %v", mode)
+	}
+
+	// Shared holders expiring at ttl and 2*ttl: an exclusive request waits
+	// for the last of them, a full semaphore for the first.
+	short := request("retry/s", "s1", backend.Shared)
+	long := request("retry/s", "s2", backend.Shared)
+	long.TTL = 2 * ttl
+	mustAcquire(t, b, short)
+	mustAcquire(t, b, long)
+	d := mustDeny(t, b, request("retry/s", "x", backend.Exclusive))
+	require.Greater(t, d, ttl, "RetryIn of an exclusive request behind shared holders")
+	require.LessOrEqual(t, d, 2*ttl, "RetryIn of an exclusive request behind shared holders")
+	full := request("retry/s", "s3", backend.Shared)
+	full.Limit = 2
+	d = mustDeny(t, b, full)
+	require.Greater(t, d, ttl/2, "RetryIn of a full semaphore")
+	require.LessOrEqual(t, d, ttl, "RetryIn of a full semaphore")
+}
+
+func testIdempotentAcquire(t *testing.T, b backend.Backend) {
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		t.Run(mode.String(), func(t *testing.T) {
+			name := "idem/" + mode.String()
+			req := request(name, "a", mode)
+			req.Limit = 1 // a full semaphore does not deny its own holder
+			tok := mustAcquire(t, b, req)
+
+			// Repeating the request, with a longer TTL, extends the same grant.
+			again := req
+			again.TTL = 3 * ttl
+			require.Equal(t, tok, mustAcquire(t, b, again), "token of a repeated acquire")
+			info := mustInspect(t, b, name)
+			require.Len(t, info.Holders, 1)
+			require.Equal(t, tok, info.Holders[0].Token)
+			require.Greater(t, info.Holders[0].ExpiresIn, ttl, "expiry of a repeated acquire")
+			require.Equal(t, tok, info.LastToken, "a repeated acquire is not a new grant")
+
+			mustRelease(t, b, lease(req))
+			require.Greater(t, mustAcquire(t, b, request(name, "c", mode)), tok, "the next grant")
+		})
+	}
+}
+
+func testLeaseIDInOtherMode(t *testing.T, b backend.Backend) {
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		t.Run(mode.String(), func(t *testing.T) {
+			name := "other/" + mode.String()
+			req := request(name, "a", mode)
+			tok := mustAcquire(t, b, req)
+			other := request(name, "a", backend.Shared)
+			if mode == backend.Shared {
+				other.Mode = backend.Exclusive
+			}
+			_, err := b.Acquire(t.Context(), other)
+			require.Error(t, err, "acquire by a lease id that holds the name in the other mode")
+			info := mustInspect(t, b, name)
+			require.Len(t, info.Holders, 1)
+			require.Equal(t, mode, info.Holders[0].Mode)
+			require.Equal(t, tok, info.Holders[0].Token)
+			require.Equal(t, tok, info.LastToken)
+			mustRelease(t, b, lease(req))
+		})
+	}
+}
+
+func testTokensIncrease(t *testing.T, b backend.Backend) {
+	last := map[string]uint64{}
+	next := func(name, id string, mode backend.Mode) backend.Lease {
+		tok := mustAcquire(t, b, request(name, id, mode))
+		require.Greater(t, tok, last[name], "token of %s after %d", name, last[name])
+		last[name] = tok
+		return backend.Lease{Name: name, LeaseID: id, Mode: mode}
+	}
+	for i := range 20 {
+		for _, name := range []string{"tok/a", "tok/b"} {
+			if i%2 == 0 {
+				mustRelease(t, b, next(name, "x", backend.Exclusive))
+			} else {
+				l1 := next(name, "s1", backend.Shared)
+				l2 := next(name, "s2", backend.Shared)
+				mustRelease(t, b, l1)
+				l3 := next(name, "s3", backend.Shared)
+				mustRelease(t, b, l2)
+				mustRelease(t, b, l3)
+			}
+			require.Equal(t, last[name], mustInspect(t, b, name).LastToken, "last token of %s", name)
+		}
+	}
+}
+
+func testReleaseNotHeld(t *testing.T, b backend.Backend) {
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		t.Run(mode.String(), func(t *testing.T) {
+			name := "rel/" + mode.String()
+			a := request(name, "a", mode)
+			ta := mustAcquire(t, b, a)
+			other := backend.Shared
+			if mode == backend.Shared {
+				other = backend.Exclusive
+			}
+			for _, l := range []backend.Lease{
+				{Name: name, LeaseID: "nobody", Mode: mode}, // a non-owner
+				{Name: name, LeaseID: "a", Mode: other},     // the owner, in the wrong mode
+				{Name: "rel/never", LeaseID: "a", Mode: mode},
+			} {
+				require.ErrorIs(t, b.Release(t.Context(), l), backend.ErrNotHeld, "release %+v", l)
+			}
+			requireHolders(t, b, name, map[string]uint64{"a": ta})
+
+			mustRelease(t, b, lease(a))
+			c := request(name, "c", mode)
+			tc := mustAcquire(t, b, c)
+			require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrNotHeld, "double release")
+			requireHolders(t, b, name, map[string]uint64{"c": tc})
+		})
+	}
+}
+
+func testRenewBatch(t *testing.T, b backend.Backend) {
+	good1 := request("ren/a", "a", backend.Exclusive)
+	mustAcquire(t, b, good1)
+	released := request("ren/b", "b", backend.Exclusive)
+	mustAcquire(t, b, released)
+	mustRelease(t, b, lease(released))
+	good2 := request("ren/d", "d", backend.Shared)
+	mustAcquire(t, b, good2)
+	// An expired shared lease beside a live one, which keeps the name held.
+	alive := request("ren/c", "c2", backend.Shared)
+	tAlive := mustAcquire(t, b, alive)
+	expired := request("ren/c", "c", backend.Shared)
+	_, wait := expireSoon(t, b, expired)
+	wait()
+
+	batch := []struct {
+		backend.Lease
+		ttl     time.Duration
+		renewed bool
+	}{
+		{lease(good1), 2 * ttl, true},
+		{backend.Lease{Name: "ren/a", LeaseID: "nobody", Mode: backend.Exclusive}, time.Hour, false}, // foreign
+		{lease(released), ttl, false},
+		{lease(good2), 2 * ttl, true},
+		{lease(expired), ttl, false},
+		{backend.Lease{Name: "ren/d", LeaseID: "d", Mode: backend.Exclusive}, time.Hour, false}, // wrong mode
+		{backend.Lease{Name: "ren/never", LeaseID: "a", Mode: backend.Exclusive}, ttl, false},
+	}
+	reqs := make([]backend.RenewRequest, len(batch))
+	for i, r := range batch {
+		reqs[i] = backend.RenewRequest{Lease: r.Lease, TTL: r.ttl}
+	}
+	errs := b.Renew(t.Context(), reqs)
+	require.Len(t, errs, len(reqs))
+	for i, r := range batch {
+		if r.renewed {
+			require.NoError(t, errs[i], "renew %d: %+v", i, r.Lease)
+		} else {
+			require.ErrorIs(t, errs[i], backend.ErrNotHeld, "renew %d: %+v", i, r.Lease)
+		}
+	}
+	require.Empty(t, b.Renew(t.Context(), nil))
+
+	// The good leases were extended by their new TTL; the foreign and
+	// wrong-mode renewals (an hour) extended nothing.
+	for _, name := range []string{"ren/a", "ren/d"} {
+		info := mustInspect(t, b, name)
+		require.Len(t, info.Holders, 1, "holders of %s", name)
+		require.Greater(t, info.Holders[0].ExpiresIn, ttl, "expiry of %s", name)
+		require.LessOrEqual(t, info.Holders[0].ExpiresIn, 2*ttl, "expiry of %s", name)
+	}
+	// The expired lease was not resurrected.
+	requireHolders(t, b, "ren/c", map[string]uint64{"c2": tAlive})
+	errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(expired), TTL: ttl}})
+	require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after a failed renew")
+}
+
+func testExpiryFreesName(t *testing.T, b backend.Backend) {
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		t.Run(mode.String(), func(t *testing.T) {
+			name := "exp/" + mode.String()
+			a := request(name, "a", mode)
+			sent, wait := expireSoon(t, b, a)
+			wait()
+			// The backend applied the grants after sent, so they lasted until
+			// sent+shortTTL at least (1% and 2ms allowed for the clock of a
+			// backend in another process), and not much longer (the slack
+			// is for a loaded machine).
+			took := time.Since(sent)
+			require.GreaterOrEqual(t, took, shortTTL-shortTTL/100-2*time.Millisecond, "a lease expired before its TTL")
+			require.Less(t, took, shortTTL+2*time.Second, "a lease outlived its TTL")
+
+			// Neither a release nor a renewal brings an expired lease back.
+			require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrNotHeld, "release after expiry")
+			errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+			require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after expiry")
+			require.Empty(t, mustInspect(t, b, name).Holders)
+
+			c := request(name, "c", backend.Exclusive)
+			tc := mustAcquire(t, b, c)
+			require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrNotHeld, "release after takeover")
+			errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+			require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after takeover")
+			requireHolders(t, b, name, map[string]uint64{"c": tc})
+		})
+	}
+}
+
+func testRenewKeepsAlive(t *testing.T, b backend.Backend) {
+	const name = "alive"
+	a := request(name, "a", backend.Exclusive)
+	_, wait := expireSoon(t, b, a)
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	require.NoError(t, errs[0], "renew")
+	wait()
+
+	// Past its first TTL, the lease lives on, with its renewed TTL.
+	info := mustInspect(t, b, name)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, "a", info.Holders[0].LeaseID)
+	require.Greater(t, info.Holders[0].ExpiresIn, ttl/2)
+	mustDeny(t, b, request(name, "c", backend.Exclusive))
+	errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	require.NoError(t, errs[0], "renew")
+	mustRelease(t, b, lease(a))
+}
+
+func testInspect(t *testing.T, b backend.Backend) {
+	never := mustInspect(t, b, "insp/never")
+	require.Empty(t, never.Holders)
+	require.Zero(t, never.LastToken)
+
+	x := request("insp/x", "a", backend.Exclusive)
+	x.Meta, x.Host = "job 1", "host-a"
+	tx := mustAcquire(t, b, x)
+	info := mustInspect(t, b, "insp/x")
+	require.Len(t, info.Holders, 1)
+	h := info.Holders[0]
+	require.Equal(t, backend.Holder{LeaseID: "a", Mode: backend.Exclusive, Token: tx, Meta: "job 1", Host: "host-a", ExpiresIn: h.ExpiresIn}, h)
+	require.Greater(t, h.ExpiresIn, ttl/2)
+	require.LessOrEqual(t, h.ExpiresIn, ttl)
+	require.Equal(t, tx, info.LastToken)
+
+	mustRelease(t, b, lease(x))
+	info = mustInspect(t, b, "insp/x")
+	require.Empty(t, info.Holders)
+	require.Equal(t, tx, info.LastToken, "last token after release")
+
+	s1 := request("insp/s", "s1", backend.Shared)
+	s1.Meta, s1.Host = "reader 1", "host-a"
+	s2 := request("insp/s", "s2", backend.Shared)
+	s2.Meta, s2.Host, s2.TTL = "reader 2", "host-b", 2*ttl
+	t1 := mustAcquire(t, b, s1)
+	t2 := mustAcquire(t, b, s2)
+	info = mustInspect(t, b, "insp/s")
+	require.Len(t, info.Holders, 2)
+	slices.SortFunc(info.Holders, func(p, q backend.Holder) int { return cmp.Compare(p.Token, q.Token) })
+	require.Equal(t, backend.Holder{LeaseID: "s1", Mode: backend.Shared, Token: t1, Meta: "reader 1", Host: "host-a", ExpiresIn: info.Holders[0].ExpiresIn}, info.Holders[0])
+	require.Equal(t, backend.Holder{LeaseID: "s2", Mode: backend.Shared, Token: t2, Meta: "reader 2", Host: "host-b", ExpiresIn: info.Holders[1].ExpiresIn}, info.Holders[1])
+	require.LessOrEqual(t, info.Holders[0].ExpiresIn, ttl)
+	require.Greater(t, info.Holders[1].ExpiresIn, ttl)
+	require.Equal(t, t2, info.LastToken)
+}
+
+func testWatch(t *testing.T, b backend.Backend) {
+	const name = "watch"
+	ch1, cancel1, err := b.Watch(t.Context(), name)
+	require.NoError(t, err)
+	defer cancel1()
+	ch2, cancel2, err := b.Watch(t.Context(), name)
+	require.NoError(t, err)
+	defer cancel2()
+	other, cancelOther, err := b.Watch(t.Context(), "watch/other")
+	require.NoError(t, err)
+	defer cancelOther()
+
+	a := request(name, "a", backend.Exclusive)
+	mustAcquire(t, b, a)
+	mustDeny(t, b, request(name, "c", backend.Exclusive))
+	requireQuiet(t, ch1, "notified before the release")
+
+	mustRelease(t, b, lease(a))
+	requireNotified(t, ch1, "first watcher not notified of the release")
+	requireNotified(t, ch2, "second watcher not notified of the release")
+	require.Empty(t, other, "watcher of another name notified")
+
+	cancel1()
+	cancel1() // idempotent
+	mustAcquire(t, b, a)
+	mustRelease(t, b, lease(a))
+	requireNotified(t, ch2, "remaining watcher not notified")
+	requireQuiet(t, ch1, "notified after cancel")
+}
+
+func testConcurrentAcquire(t *testing.T, b backend.Backend) {
+	const goroutines = 32
+
+	// One race for a free name: exactly one winner.
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		won    atomic.Int32
+		winner atomic.Value
+	)
+	for i := range goroutines {
+		wg.Go(func() {
+			id := fmt.Sprintf("g%d", i)
+			<-start
+			_, err := b.Acquire(t.Context(), request("race", id, backend.Exclusive))
+			if err == nil {
+				won.Add(1)
+				winner.Store(id)
+				return
+			}
+			var held *backend.HeldError
+			assert.ErrorAs(t, err, &held)
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, won.Load(), "winners")
+	info := mustInspect(t, b, "race")
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, winner.Load(), info.Holders[0].LeaseID)
+
+	// Many rounds: never two holders at once, and the tokens, logged inside
+	// the critical section, increase in the order of the grants.
+	var (
+		inside atomic.Int32
+		mu     sync.Mutex
+		tokens []uint64
+	)
+	for i := range goroutines / 4 {
+		wg.Go(func() {
+			for j := range 50 {
+				req := request("rounds", fmt.Sprintf("g%d-%d", i, j), backend.Exclusive)
+				g, err := b.Acquire(t.Context(), req)
+				if err != nil {
+					var held *backend.HeldError
+					assert.ErrorAs(t, err, &held)
+					continue
+				}
+				assert.EqualValues(t, 1, inside.Add(1), "holders at once")
+				mu.Lock()
+				tokens = append(tokens, g.Token)
+				mu.Unlock()
+				inside.Add(-1)
+				assert.NoError(t, b.Release(t.Context(), lease(req)))
+			}
+		})
+	}
+	wg.Wait()
+	require.NotEmpty(t, tokens)
+	for i := 1; i < len(tokens); i++ {
+		require.Greater(t, tokens[i], tokens[i-1], "token %d of %d", i, len(tokens))
+	}
+}
+
+func testCanceledContext(t *testing.T, b backend.Backend) {
+	a := request("ctx", "a", backend.Exclusive)
+	mustAcquire(t, b, a)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+
+	_, err := b.Acquire(ctx, request("ctx/b", "b", backend.Exclusive))
+	require.ErrorIs(t, err, context.Canceled, "acquire")
+	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: lease(a), TTL: ttl}, {Lease: lease(a), TTL: ttl}})
+	require.Len(t, errs, 2)
+	for _, err := range errs {
+		require.ErrorIs(t, err, context.Canceled, "renew")
+	}
+	require.ErrorIs(t, b.Release(ctx, lease(a)), context.Canceled, "release")
+	_, err = b.Inspect(ctx, "ctx")
+	require.ErrorIs(t, err, context.Canceled, "inspect")
+	_, _, err = b.Watch(ctx, "ctx")
+	require.ErrorIs(t, err, context.Canceled, "watch")
+}
+
+func testClosed(t *testing.T, b backend.Backend) {
+	a := request("closed", "a", backend.Exclusive)
+	mustAcquire(t, b, a)
+	require.NoError(t, b.Close())
+
+	_, err := b.Acquire(t.Context(), request("closed/b", "b", backend.Exclusive))
+	require.ErrorIs(t, err, backend.ErrClosed, "acquire")
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], backend.ErrClosed, "renew")
+	require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrClosed, "release")
+	_, err = b.Inspect(t.Context(), "closed")
+	require.ErrorIs(t, err, backend.ErrClosed, "inspect")
+	_, _, err = b.Watch(t.Context(), "closed")
+	require.ErrorIs(t, err, backend.ErrClosed, "watch")
+}

@@ -1,0 +1,475 @@
+// Package memory is the embedded default backend: every lock lives in the
+// agent's process, so it coordinates the applications of one host. It owns
+// the lock table and the fencing epoch file of the state directory; it knows
+// nothing of sessions, sockets or the wire protocol.
+//
+// # Expiry
+//
+// A lease lives for exactly its TTL, counted on Go's monotonic clock from the
+// moment the backend applies the acquire or the last renewal: it is dead from
+// that instant on, so the RetryIn of a denied acquire is always positive.
+// Expiry is checked lazily whenever a name is touched; an expired holder is
+// then pruned and the name's watchers are notified. The backend starts no
+// goroutine and no timer (it uses only time.Now, a mutex and channels), so it
+// runs unchanged inside a testing/synctest bubble.
+//
+// # Fencing tokens
+//
+// A token is epoch<<32 | seq. The epoch lives in the file "epoch" of the state
+// directory: Open reads it, adds one and writes it back atomically (temporary
+// file, fsync, rename, fsync of the directory) before any grant, so every
+// token of this run is larger than every token of the runs before. seq is one
+// counter shared by every name, which is enough for tokens to increase per
+// name; when it runs out, the epoch is bumped and written again first.
+// Epochs stay below 2^21, so tokens stay below backend.MaxToken (2^53-1).
+//
+// Open refuses an exhausted epoch, and it refuses an unreadable or corrupt
+// epoch file rather than start again from zero, which would let tokens go
+// back: restore the file, or write into it a number at least as large as the
+// last epoch used (a much larger one is safe). Deleting the file is safe only
+// once no resource remembers a token of this agent.
+//
+// # Memory
+//
+// A name stays in the table after its last holder leaves, so that Inspect
+// still reports its last token. The table is bounded: when a new name would
+// grow it past max(65536, twice the names held at the last sweep), it is
+// swept first: expired holders are pruned and free names dropped. A dropped
+// name's Inspect reports LastToken 0 ("unknown"); its tokens still increase,
+// because they do not depend on the table.
+package memory
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+var _ backend.Backend = (*Backend)(nil)
+
+const (
+	// epochFile is the name of the fencing epoch file in the state directory.
+	epochFile = "epoch"
+	// seqBits is the width of the sequence part of a token.
+	seqBits = 32
+	// seqMax is the last sequence number of an epoch. It stops one short of
+	// 2^32-1 so that the last epoch's last token stays below MaxToken.
+	seqMax = 1<<seqBits - 2
+	// epochLimit is the first epoch that is never used:
+	// (epochLimit-1)<<seqBits | seqMax = 2^53-2 < backend.MaxToken.
+	epochLimit = 1 << (53 - seqBits)
+	// minSweep is the smallest table size that triggers a sweep.
+	minSweep = 1 << 16
+)
+
+// Backend is the in-process lock store. Its methods are safe for concurrent
+// use.
+type Backend struct {
+	dir string // the state directory, which holds the epoch file
+
+	// mu guards every field below. It is held for the whole of each
+	// operation, so an operation is atomic and a notification is sent only
+	// after the change it announces.
+	mu       sync.Mutex
+	closed   bool
+	epoch    uint64 // written to the epoch file before any token of it
+	seq      uint64 // the last sequence number granted in epoch
+	names    map[string]*entry
+	sweepAt  int // adding a name to a table of this size sweeps it first
+	minSweep int // the floor of sweepAt: minSweep, lowered by tests
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+// entry is the state of one name.
+type entry struct {
+	// holders maps lease ids to holders: one exclusive holder, or any number
+	// of shared ones. It may hold expired holders until the next prune.
+	holders   map[string]*holder
+	lastToken uint64
+}
+
+// holder is one lease on a name.
+type holder struct {
+	mode    backend.Mode
+	token   uint64
+	meta    string
+	host    string
+	expires time.Time // monotonic; the holder is dead from this instant on
+}
+
+// Open returns a backend whose fencing epoch lives in stateDir, created with
+// mode 0700 if missing. It bumps and persists the epoch before returning.
+func Open(stateDir string) (*Backend, error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("memory: create state directory: %w", err)
+	}
+	epoch, err := readEpoch(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{
+		dir:      stateDir,
+		epoch:    epoch,
+		names:    make(map[string]*entry),
+		sweepAt:  minSweep,
+		minSweep: minSweep,
+		watchers: make(map[string]map[chan struct{}]struct{}),
+	}
+	if err := b.nextEpoch(); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Name returns "memory".
+func (b *Backend) Name() string { return "memory" }
+
+// Acquire makes one attempt at req. A lease id that already holds the name in
+// the other mode gets an error that matches none of the backend sentinels:
+// lease ids are unique per grant, so that is a caller's bug, neither a
+// conflict worth waiting on (ErrHeld) nor a lease gone (ErrNotHeld).
+func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
+	if req.TTL <= 0 {
+		return backend.Grant{}, fmt.Errorf("memory: acquire %q: ttl %v is not positive", req.Name, req.TTL)
+	}
+	if err := b.lock(ctx); err != nil {
+		return backend.Grant{}, fmt.Errorf("memory: acquire %q: %w", req.Name, err)
+	}
+	defer b.mu.Unlock()
+	now := time.Now()
+	e := b.names[req.Name]
+	if e != nil {
+		b.prune(req.Name, e, now)
+		if h := e.holders[req.LeaseID]; h != nil {
+			if h.mode != req.Mode {
+				return backend.Grant{}, fmt.Errorf("memory: acquire %q: lease %q holds it in %v mode", req.Name, req.LeaseID, h.mode)
+			}
+			h.expires = now.Add(req.TTL)
+			return backend.Grant{Token: h.token}, nil
+		}
+		if retryIn, denied := e.conflict(req, now); denied {
+			return backend.Grant{}, &backend.HeldError{RetryIn: retryIn}
+		}
+	}
+	token, err := b.nextToken()
+	if err != nil {
+		return backend.Grant{}, fmt.Errorf("memory: acquire %q: %w", req.Name, err)
+	}
+	if e == nil {
+		e = b.add(req.Name, now)
+	}
+	e.holders[req.LeaseID] = &holder{
+		mode:    req.Mode,
+		token:   token,
+		meta:    req.Meta,
+		host:    req.Host,
+		expires: now.Add(req.TTL),
+	}
+	e.lastToken = token
+	return backend.Grant{Token: token}, nil
+}
+
+// Renew extends each live lease of reqs by its TTL from now. An expired lease
+// is never renewed: it gets ErrNotHeld.
+func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
+	errs := make([]error, len(reqs))
+	if err := b.lock(ctx); err != nil {
+		for i, r := range reqs {
+			errs[i] = fmt.Errorf("memory: renew %q: %w", r.Name, err)
+		}
+		return errs
+	}
+	defer b.mu.Unlock()
+	now := time.Now()
+	for i, r := range reqs {
+		switch _, h := b.holder(r.Lease, now); {
+		case r.TTL <= 0:
+			errs[i] = fmt.Errorf("memory: renew %q: ttl %v is not positive", r.Name, r.TTL)
+		case h == nil:
+			errs[i] = fmt.Errorf("memory: renew %q: %w", r.Name, backend.ErrNotHeld)
+		default:
+			h.expires = now.Add(r.TTL)
+		}
+	}
+	return errs
+}
+
+// Release ends the lease l and notifies the watchers of its name.
+func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+	if err := b.lock(ctx); err != nil {
+		return fmt.Errorf("memory: release %q: %w", l.Name, err)
+	}
+	defer b.mu.Unlock()
+	e, h := b.holder(l, time.Now())
+	if h == nil {
+		return fmt.Errorf("memory: release %q: %w", l.Name, backend.ErrNotHeld)
+	}
+	delete(e.holders, l.LeaseID)
+	b.notify(l.Name)
+	return nil
+}
+
+// Inspect reports the live holders of name, sorted by token, and its last
+// token (0 for a name never locked or dropped by a sweep).
+func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
+	if err := b.lock(ctx); err != nil {
+		return backend.LockInfo{}, fmt.Errorf("memory: inspect %q: %w", name, err)
+	}
+	defer b.mu.Unlock()
+	info := backend.LockInfo{Holders: []backend.Holder{}}
+	e := b.names[name]
+	if e == nil {
+		return info, nil
+	}
+	now := time.Now()
+	b.prune(name, e, now)
+	for id, h := range e.holders {
+		info.Holders = append(info.Holders, backend.Holder{
+			LeaseID:   id,
+			Mode:      h.mode,
+			Token:     h.token,
+			Meta:      h.meta,
+			Host:      h.host,
+			ExpiresIn: h.expires.Sub(now),
+		})
+	}
+	slices.SortFunc(info.Holders, func(x, y backend.Holder) int { return cmp.Compare(x.Token, y.Token) })
+	info.LastToken = e.lastToken
+	return info, nil
+}
+
+// Watch returns a channel that receives a value (coalesced) whenever a lease
+// on name is released or found expired, and a function, safe to call more
+// than once, that ends the watch. ctx bounds only the call: the watch lasts
+// until it is ended. Close wakes every watcher, so that waiters retry and see
+// ErrClosed.
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	if err := b.lock(ctx); err != nil {
+		return nil, nil, fmt.Errorf("memory: watch %q: %w", name, err)
+	}
+	defer b.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	if b.watchers[name] == nil {
+		b.watchers[name] = make(map[chan struct{}]struct{})
+	}
+	b.watchers[name][ch] = struct{}{}
+	cancel := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.watchers[name], ch)
+		if len(b.watchers[name]) == 0 {
+			delete(b.watchers, name)
+		}
+	}
+	return ch, cancel, nil
+}
+
+// Close drops every lock and wakes every watcher. Later calls, Close
+// included, return ErrClosed. The epoch file stays: the next Open bumps it.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("memory: close: %w", backend.ErrClosed)
+	}
+	b.closed = true
+	for name := range b.watchers {
+		b.notify(name)
+	}
+	b.names, b.watchers = nil, nil
+	return nil
+}
+
+// lock checks ctx and takes b.mu. When it returns nil, the caller must
+// unlock b.mu.
+func (b *Backend) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return backend.ErrClosed
+	}
+	return nil
+}
+
+// holder returns the entry of l's name, after pruning it, and the live holder
+// of l, or nil when l's lease id does not hold the name in l's mode.
+func (b *Backend) holder(l backend.Lease, now time.Time) (*entry, *holder) {
+	e := b.names[l.Name]
+	if e == nil {
+		return nil, nil
+	}
+	b.prune(l.Name, e, now)
+	h := e.holders[l.LeaseID]
+	if h == nil || h.mode != l.Mode {
+		return e, nil
+	}
+	return e, h
+}
+
+// prune removes the holders of e that are dead at now and, if there were
+// any, notifies the watchers of name.
+func (b *Backend) prune(name string, e *entry, now time.Time) {
+	pruned := false
+	for id, h := range e.holders {
+		if !now.Before(h.expires) {
+			delete(e.holders, id)
+			pruned = true
+		}
+	}
+	if pruned {
+		b.notify(name)
+	}
+}
+
+// notify wakes the watchers of name without blocking: a watcher whose
+// channel is full already has a wake-up pending.
+func (b *Backend) notify(name string) {
+	for ch := range b.watchers[name] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// add puts a new entry for name in the table, sweeping the table first when
+// it has grown to b.sweepAt.
+func (b *Backend) add(name string, now time.Time) *entry {
+	if len(b.names) >= b.sweepAt {
+		for n, e := range b.names {
+			b.prune(n, e, now)
+			if len(e.holders) == 0 {
+				delete(b.names, n)
+			}
+		}
+		// Doubling keeps the cost of sweeps constant per added name.
+		b.sweepAt = max(b.minSweep, 2*len(b.names))
+	}
+	e := &entry{holders: make(map[string]*holder)}
+	b.names[name] = e
+	return e
+}
+
+// conflict reports whether the live holders of e deny req, and if so how
+// long until they would stop denying it if nobody renewed: when the last of
+// them expires for a conflict of modes, when the first one expires for a
+// full semaphore.
+func (e *entry) conflict(req backend.AcquireRequest, now time.Time) (time.Duration, bool) {
+	if len(e.holders) == 0 {
+		return 0, false
+	}
+	var first, last time.Time
+	exclusive := false
+	for _, h := range e.holders {
+		exclusive = exclusive || h.mode == backend.Exclusive
+		if first.IsZero() || h.expires.Before(first) {
+			first = h.expires
+		}
+		if h.expires.After(last) {
+			last = h.expires
+		}
+	}
+	switch {
+	case exclusive || req.Mode == backend.Exclusive:
+		return last.Sub(now), true
+	case req.Limit > 0 && len(e.holders) >= req.Limit:
+		return first.Sub(now), true
+	}
+	return 0, false
+}
+
+// nextToken returns a token larger than every token granted before, moving
+// to a new epoch when the sequence runs out.
+func (b *Backend) nextToken() (uint64, error) {
+	if b.seq == seqMax {
+		if err := b.nextEpoch(); err != nil {
+			return 0, err
+		}
+	}
+	b.seq++
+	return b.epoch<<seqBits | b.seq, nil
+}
+
+// nextEpoch persists the next epoch and then moves to it.
+func (b *Backend) nextEpoch() error {
+	next := b.epoch + 1
+	if next >= epochLimit {
+		return fmt.Errorf("memory: fencing epoch in %s is exhausted (tokens would exceed 2^53): "+
+			"delete the file, but only once no resource remembers a token of this agent",
+			filepath.Join(b.dir, epochFile))
+	}
+	if err := writeEpoch(b.dir, next); err != nil {
+		return err
+	}
+	b.epoch, b.seq = next, 0
+	return nil
+}
+
+// readEpoch returns the epoch stored in dir, 0 if there is none yet.
+func readEpoch(dir string) (uint64, error) {
+	path := filepath.Join(dir, epochFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("memory: read fencing epoch: %w", err)
+	}
+	epoch, err := strconv.ParseUint(strings.TrimSuffix(string(data), "\n"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("memory: fencing epoch file %s is corrupt (%w): restore it, or write into it "+
+			"a number at least as large as the last epoch used; deleting it would let fencing tokens go back",
+			path, err)
+	}
+	return epoch, nil
+}
+
+// writeEpoch replaces the epoch file of dir atomically and durably: a
+// temporary file in the same directory, fsync, rename, fsync of the
+// directory. A crash leaves either the old epoch or the new one.
+func writeEpoch(dir string, epoch uint64) error {
+	f, err := os.CreateTemp(dir, epochFile+".tmp*")
+	if err != nil {
+		return fmt.Errorf("memory: write fencing epoch: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d\n", epoch)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, epochFile))
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("memory: write fencing epoch: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("memory: write fencing epoch: %w", err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("memory: write fencing epoch: sync %s: %w", dir, err)
+	}
+	return nil
+}

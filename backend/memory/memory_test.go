@@ -1,0 +1,274 @@
+package memory
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/backendtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// mustOpen opens a backend in dir and closes it when t ends.
+func mustOpen(t *testing.T, dir string) *Backend {
+	t.Helper()
+	b, err := Open(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			assert.ErrorIs(t, err, backend.ErrClosed)
+		}
+	})
+	return b
+}
+
+func request(name, lease string, ttl time.Duration) backend.AcquireRequest {
+	return backend.AcquireRequest{Name: name, LeaseID: lease, Mode: backend.Exclusive, TTL: ttl}
+}
+
+func mustAcquire(t *testing.T, b *Backend, req backend.AcquireRequest) uint64 {
+	t.Helper()
+	g, err := b.Acquire(t.Context(), req)
+	require.NoError(t, err)
+	return g.Token
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(data), 0o600))
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(data)
+}
+
+// requireOnlyEpochFile requires dir to hold the epoch file and nothing else:
+// no temporary file is left behind.
+func requireOnlyEpochFile(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.Equal(t, []string{epochFile}, names)
+}
+
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) backend.Backend { return mustOpen(t, t.TempDir()) })
+}
+
+func TestName(t *testing.T) {
+	assert.Equal(t, "memory", mustOpen(t, t.TempDir()).Name())
+}
+
+func TestTokensIncreaseAcrossRestarts(t *testing.T) {
+	dir := t.TempDir()
+	var last uint64
+	for run := range 3 {
+		b, err := Open(dir)
+		require.NoError(t, err)
+		for i := range 3 {
+			req := request(fmt.Sprintf("n%d", i), "a", time.Minute)
+			tok := mustAcquire(t, b, req)
+			require.Greater(t, tok, last, "run %d", run)
+			last = tok
+			require.NoError(t, b.Release(t.Context(), backend.Lease{Name: req.Name, LeaseID: "a"}))
+		}
+		require.NoError(t, b.Close())
+	}
+	requireOnlyEpochFile(t, dir)
+	assert.Equal(t, "3\n", readFile(t, filepath.Join(dir, epochFile)))
+}
+
+func TestOpenCreatesStateDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state", "lockagent")
+	b := mustOpen(t, dir)
+	require.Equal(t, uint64(1)<<seqBits|1, mustAcquire(t, b, request("n", "a", time.Minute)))
+
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+	fi, err = os.Stat(filepath.Join(dir, epochFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	requireOnlyEpochFile(t, dir)
+}
+
+func TestOpenRefusesCorruptEpoch(t *testing.T) {
+	for _, data := range []string{"", "\n", "abc\n", "-1\n", "+1\n", " 1\n", "1 2\n", "1\n\n", "99999999999999999999999\n"} {
+		t.Run(strconv.Quote(data), func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, epochFile)
+			writeFile(t, path, data)
+			_, err := Open(dir)
+			require.Error(t, err)
+			assert.ErrorContains(t, err, path)
+			assert.ErrorContains(t, err, "corrupt")
+			assert.Equal(t, data, readFile(t, path), "the corrupt file was changed")
+		})
+	}
+}
+
+func TestOpenRefusesExhaustedEpoch(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, epochFile)
+	data := strconv.FormatUint(epochLimit-1, 10) + "\n"
+	writeFile(t, path, data)
+	_, err := Open(dir)
+	require.ErrorContains(t, err, path)
+	require.ErrorContains(t, err, "exhausted")
+	assert.Equal(t, data, readFile(t, path))
+	requireOnlyEpochFile(t, dir)
+}
+
+func TestEpochRollsOver(t *testing.T) {
+	dir := t.TempDir()
+	b := mustOpen(t, dir)
+	b.seq = seqMax - 1
+	last := mustAcquire(t, b, request("a", "a", time.Minute))
+	require.Equal(t, uint64(1)<<seqBits|seqMax, last)
+
+	tok := mustAcquire(t, b, request("b", "b", time.Minute))
+	require.Equal(t, uint64(2)<<seqBits|1, tok, "first token of the next epoch")
+	assert.Equal(t, "2\n", readFile(t, filepath.Join(dir, epochFile)), "the new epoch is persisted")
+	requireOnlyEpochFile(t, dir)
+}
+
+func TestTokensStayBelowMaxToken(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, epochFile)
+	writeFile(t, path, strconv.FormatUint(epochLimit-2, 10)+"\n")
+	b := mustOpen(t, dir)
+	b.seq = seqMax - 1
+
+	tok := mustAcquire(t, b, request("a", "a", time.Minute))
+	require.Less(t, tok, uint64(backend.MaxToken))
+	require.Equal(t, uint64(backend.MaxToken-1), tok, "the largest token")
+
+	_, err := b.Acquire(t.Context(), request("b", "b", time.Minute))
+	require.ErrorContains(t, err, "exhausted")
+	info, err := b.Inspect(t.Context(), "b")
+	require.NoError(t, err)
+	assert.Empty(t, info.Holders)
+	assert.Zero(t, info.LastToken)
+	assert.Equal(t, strconv.FormatUint(epochLimit-1, 10)+"\n", readFile(t, path))
+}
+
+func TestInvalidTTL(t *testing.T) {
+	b := mustOpen(t, t.TempDir())
+	_, err := b.Acquire(t.Context(), request("a", "a", 0))
+	require.ErrorContains(t, err, "ttl")
+	assert.NotErrorIs(t, err, backend.ErrHeld)
+
+	mustAcquire(t, b, request("a", "a", time.Minute))
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: backend.Lease{Name: "a", LeaseID: "a"}, TTL: -time.Second}})
+	require.ErrorContains(t, errs[0], "ttl")
+	assert.NotErrorIs(t, errs[0], backend.ErrNotHeld, "an invalid renewal says nothing of the lease")
+}
+
+func TestLeaseIDInOtherModeIsNoSentinel(t *testing.T) {
+	b := mustOpen(t, t.TempDir())
+	mustAcquire(t, b, request("a", "a", time.Minute))
+	req := request("a", "a", time.Minute)
+	req.Mode = backend.Shared
+	_, err := b.Acquire(t.Context(), req)
+	require.ErrorContains(t, err, "exclusive mode")
+	for _, sentinel := range []error{backend.ErrHeld, backend.ErrNotHeld, backend.ErrForeignKey, backend.ErrUnavailable, backend.ErrClosed} {
+		assert.NotErrorIs(t, err, sentinel)
+	}
+}
+
+// TestExpiry checks, on synctest's clock, that a lease dies exactly at its
+// TTL, that RetryIn says when, and that pruning it notifies watchers.
+func TestExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, t.TempDir())
+		ch, cancel, err := b.Watch(t.Context(), "n")
+		require.NoError(t, err)
+		defer cancel()
+		a := request("n", "a", 10*time.Second)
+		mustAcquire(t, b, a)
+
+		time.Sleep(10*time.Second - time.Nanosecond)
+		_, err = b.Acquire(t.Context(), request("n", "c", time.Second))
+		var held *backend.HeldError
+		require.ErrorAs(t, err, &held)
+		require.Equal(t, time.Nanosecond, held.RetryIn)
+		require.Empty(t, ch)
+
+		time.Sleep(held.RetryIn)
+		mustAcquire(t, b, request("n", "c", time.Second))
+		require.Len(t, ch, 1, "pruning the expired holder notifies")
+		errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "a"}, TTL: time.Minute}})
+		require.ErrorIs(t, errs[0], backend.ErrNotHeld)
+	})
+}
+
+func TestSweepBoundsTable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, t.TempDir())
+		b.minSweep, b.sweepAt = 100, 100
+
+		held := map[string]uint64{}
+		for i := range 10 {
+			name := fmt.Sprintf("held/%d", i)
+			held[name] = mustAcquire(t, b, request(name, "h", time.Hour))
+		}
+		// Names left to expire are never touched again.
+		for i := range 50 {
+			mustAcquire(t, b, request(fmt.Sprintf("expired/%d", i), "e", time.Second))
+		}
+		time.Sleep(time.Second)
+		for i := range 1000 {
+			name := fmt.Sprintf("free/%d", i)
+			mustAcquire(t, b, request(name, "f", time.Minute))
+			require.NoError(t, b.Release(t.Context(), backend.Lease{Name: name, LeaseID: "f"}))
+			require.LessOrEqual(t, len(b.names), 100)
+		}
+		for name, tok := range held {
+			info, err := b.Inspect(t.Context(), name)
+			require.NoError(t, err)
+			require.Len(t, info.Holders, 1, name)
+			require.Equal(t, tok, info.Holders[0].Token, name)
+			require.Equal(t, tok, info.LastToken, name)
+		}
+		_, ok := b.names["expired/0"]
+		require.False(t, ok, "an expired name was not swept")
+
+		// Past the floor, the table grows with the names held: none is
+		// dropped, and the next sweep waits for the table to double.
+		for i := range 300 {
+			mustAcquire(t, b, request(fmt.Sprintf("more/%d", i), "h", time.Hour))
+		}
+		require.Len(t, b.names, 310)
+		require.GreaterOrEqual(t, b.sweepAt, 310)
+	})
+}
+
+func TestCloseWakesWatchers(t *testing.T) {
+	b, err := Open(t.TempDir())
+	require.NoError(t, err)
+	ch, cancel, err := b.Watch(t.Context(), "n")
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	require.Len(t, ch, 1)
+	cancel()
+	require.ErrorIs(t, b.Close(), backend.ErrClosed)
+}
