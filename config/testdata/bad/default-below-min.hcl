@@ -1,0 +1,3 @@
+leases {
+  min_ttl = "20s"
+}

@@ -1,0 +1,7 @@
+socket {
+  mode = "0600"
+}
+
+socket {
+  mode = "0660"
+}

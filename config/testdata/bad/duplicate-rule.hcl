@@ -1,0 +1,8 @@
+acl {
+  rule "orders/*" {
+    modes = ["shared"]
+  }
+  rule "orders/*" {
+    modes = ["exclusive"]
+  }
+}

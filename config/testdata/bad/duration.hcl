@@ -1,0 +1,3 @@
+leases {
+  default_ttl = "15x"
+}

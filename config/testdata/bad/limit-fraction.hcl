@@ -1,0 +1,3 @@
+limits {
+  max_waiters = 10.5
+}

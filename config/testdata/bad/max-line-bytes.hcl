@@ -1,0 +1,3 @@
+limits {
+  max_line_bytes = 100
+}

@@ -1,0 +1,3 @@
+limits {
+  max_sessions = 0
+}

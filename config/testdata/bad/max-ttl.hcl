@@ -1,0 +1,3 @@
+leases {
+  max_ttl = "48h"
+}

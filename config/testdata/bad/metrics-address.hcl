@@ -1,0 +1,3 @@
+metrics {
+  address = "9464"
+}

@@ -1,0 +1,3 @@
+socket {
+  mode = "rw-rw----"
+}

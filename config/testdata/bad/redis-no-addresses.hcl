@@ -1,0 +1,3 @@
+backend "redis" {
+  key_prefix = "locks"
+}

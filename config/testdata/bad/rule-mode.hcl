@@ -1,0 +1,5 @@
+acl {
+  rule "orders/*" {
+    modes = ["exclusive", "read"]
+  }
+}

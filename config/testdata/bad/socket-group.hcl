@@ -1,0 +1,3 @@
+socket {
+  group = "no-such-group-for-lockagent"
+}

@@ -1,0 +1,3 @@
+socket {
+  path = "agent.sock"
+}

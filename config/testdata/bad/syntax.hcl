@@ -1,0 +1,2 @@
+socket {
+  path = "/run/lockagent/agent.sock"

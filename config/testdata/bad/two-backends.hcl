@@ -1,0 +1,5 @@
+backend "memory" {}
+
+backend "redis" {
+  addresses = ["127.0.0.1:6379"]
+}

@@ -1,0 +1,3 @@
+acl {
+  admin_uids = [0, -1]
+}

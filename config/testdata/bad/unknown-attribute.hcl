@@ -1,0 +1,4 @@
+socket {
+  path  = "/run/lockagent/agent.sock"
+  owner = "root"
+}

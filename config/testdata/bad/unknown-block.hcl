@@ -1,0 +1,5 @@
+log_level = "info"
+
+cache {
+  size = 10
+}

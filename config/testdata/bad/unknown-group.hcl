@@ -1,0 +1,3 @@
+acl {
+  admin_groups = ["root", "no-such-group-for-lockagent"]
+}

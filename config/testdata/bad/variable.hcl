@@ -1,0 +1,1 @@
+state_dir = var.dir
