@@ -125,10 +125,15 @@ func (a *Agent) wakeQueue(name string) {
 		if i > 0 && (w.req.Mode != backend.Shared || q.waiters[0].req.Mode != backend.Shared) {
 			break
 		}
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+		w.signal()
+	}
+}
+
+// signal wakes w to look at its queue and session again.
+func (w *waiter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -210,7 +215,14 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
+		ended, closing := w.s.ended, a.closing
 		a.mu.Unlock()
+		switch {
+		case closing:
+			return AcquireResult{}, ErrShuttingDown
+		case ended:
+			return AcquireResult{}, ErrSessionEnded
+		}
 		if ok {
 			if freed == nil {
 				ch, stop, err := a.b.Watch(ctx, w.req.Name)

@@ -157,12 +157,16 @@ func (a *Agent) shutdown() {
 	a.mu.Unlock()
 	// Release synchronously, with a bound, so that the backend is clean
 	// before the agent exits.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	for _, l := range ended {
 		a.releaseBackend(ctx, l)
 	}
 }
+
+// releaseTimeout bounds the backend releases done for one session or at
+// shutdown.
+const releaseTimeout = 5 * time.Second
 
 // isAdmin tells whether the peer has admin rights.
 func (a *Agent) isAdmin(p Peer) bool {
@@ -194,7 +198,7 @@ func (a *Agent) releaseLater(ls []*lease) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
 		for _, l := range ls {
 			a.releaseBackend(ctx, l)

@@ -117,13 +117,21 @@ func (a *Agent) dropLease(l *lease) {
 // first, then the lease is released in the background in case the backend
 // still has it. a.mu is held.
 func (a *Agent) lose(l *lease, reason string) {
+	if a.dropLost(l, reason) {
+		a.releaseLater([]*lease{l})
+	}
+}
+
+// dropLost drops a lost lease and tells its session, leaving the backend to
+// the caller. It reports whether the lease was still there. a.mu is held.
+func (a *Agent) dropLost(l *lease, reason string) bool {
 	if a.leases[l.id] != l {
-		return
+		return false
 	}
 	a.dropLease(l)
 	a.log.Info("lease lost", "name", l.name, "lease", l.id, "token", l.token, "reason", reason, "session", l.session.id)
 	l.session.send(Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason})
-	a.releaseLater([]*lease{l})
+	return true
 }
 
 func (a *Agent) kickScheduler() {

@@ -165,7 +165,7 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 	}
 	if s.conn != nil {
 		old := s.conn
-		s.detach()
+		a.releaseLater(s.detach())
 		old.Close()
 	}
 	if s.expiry != nil {
@@ -184,30 +184,38 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 }
 
 // Detach tells the session that conn is gone. Its connection-scoped leases
-// are released at once; the session ends now, or after its TTL if it has one.
+// are released before Detach returns; the session ends now, or after its TTL
+// if it has one.
 func (s *Session) Detach(conn Conn) {
 	a := s.a
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if s.conn != conn || s.ended {
+		a.mu.Unlock()
 		return
 	}
-	s.detach()
+	gone := s.detach()
 	if s.ttl == 0 {
-		a.releaseLater(s.end(false))
-		return
+		gone = append(gone, s.end(false)...)
+	} else {
+		s.expiry = time.AfterFunc(s.ttl, func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if s.conn == nil && !s.ended {
+				a.releaseLater(s.end(false))
+			}
+		})
 	}
-	s.expiry = time.AfterFunc(s.ttl, func() {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if s.conn == nil && !s.ended {
-			a.releaseLater(s.end(false))
-		}
-	})
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for _, l := range gone {
+		a.releaseBackend(ctx, l)
+	}
 }
 
-// detach drops the connection and its connection-scoped leases. a.mu is held.
-func (s *Session) detach() {
+// detach drops the connection and its connection-scoped leases, and returns
+// them for the caller to release in the backend. a.mu is held.
+func (s *Session) detach() []*lease {
 	s.conn = nil
 	var gone []*lease
 	for _, l := range s.leases {
@@ -216,7 +224,7 @@ func (s *Session) detach() {
 			s.a.dropLease(l)
 		}
 	}
-	s.a.releaseLater(gone)
+	return gone
 }
 
 // end ends the session and returns its leases, dropped from the agent, for
@@ -236,6 +244,9 @@ func (s *Session) end(keepConn bool) []*lease {
 		s.a.dropLease(l)
 	}
 	delete(s.a.sessions, s.id)
+	for _, w := range s.pending {
+		w.signal()
+	}
 	if s.conn != nil && !keepConn {
 		s.conn.Close()
 	}
@@ -349,7 +360,7 @@ func (s *Session) Break(ctx context.Context, name string) (int, error) {
 	for _, h := range info.Holders {
 		a.mu.Lock()
 		if l := a.leases[h.LeaseID]; l != nil {
-			a.lose(l, ReasonBroken)
+			a.dropLost(l, ReasonBroken)
 		}
 		a.mu.Unlock()
 		err := a.b.Release(ctx, backend.Lease{Name: name, LeaseID: h.LeaseID, Mode: h.Mode})

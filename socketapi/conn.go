@@ -35,6 +35,8 @@ type conn struct {
 	mu       sync.Mutex
 	out      [][]byte
 	outBytes int
+	held     [][]byte // events held back until the hello response is queued
+	holding  bool
 	writing  bool // a goroutine is draining out; it is the only writer
 	closing  bool // close once out is drained
 	closed   bool
@@ -89,7 +91,36 @@ func (c *conn) serve(ctx context.Context) {
 
 // Send queues an event; part of agent.Conn.
 func (c *conn) Send(ev agent.Event) {
-	c.enqueue(encodeEvent(ev), false)
+	line := encodeEvent(ev)
+	c.mu.Lock()
+	if c.holding {
+		c.held = append(c.held, line)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.enqueue(line, false)
+}
+
+// holdEvents makes Send keep events back, so that the events a resumed
+// session missed come right after the hello response, in order.
+func (c *conn) holdEvents() {
+	c.mu.Lock()
+	c.holding = true
+	c.mu.Unlock()
+}
+
+// releaseEvents queues the events held back, then lets Send queue again.
+func (c *conn) releaseEvents() {
+	c.mu.Lock()
+	held := c.held
+	c.held, c.holding = nil, false
+	for _, line := range held {
+		c.out = append(c.out, line)
+		c.outBytes += len(line)
+	}
+	c.mu.Unlock()
+	c.enqueue(nil, true)
 }
 
 // Close closes the connection once what is queued is written; part of
@@ -104,7 +135,8 @@ func (c *conn) Close() {
 	}
 }
 
-// enqueue adds a line to the output queue. inline lets the caller, if no
+// enqueue adds a line (if not nil) to the output queue and sees that it is
+// written. inline lets the caller, if no
 // writer is active, write it itself; the agent's calls (with its lock held)
 // never do, and get a writer goroutine instead. A peer whose queue exceeds
 // the bound is cut off: it is not reading.
@@ -121,9 +153,11 @@ func (c *conn) enqueue(line []byte, inline bool) {
 		c.mu.Unlock()
 		return
 	}
-	c.out = append(c.out, line)
-	c.outBytes += len(line)
-	if c.writing {
+	if line != nil {
+		c.out = append(c.out, line)
+		c.outBytes += len(line)
+	}
+	if c.writing || len(c.out) == 0 {
 		c.mu.Unlock()
 		return
 	}
@@ -239,8 +273,10 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 			c.enqueue(encodeError(id, CodeBadRequest, "hello must be the first request", nil), true)
 			return true
 		}
+		c.holdEvents()
 		res, err := c.hello(&req)
 		c.reply(id, res, err)
+		c.releaseEvents()
 		return true
 	}
 	op, known := ops[req.Op]
@@ -394,6 +430,12 @@ func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
 	}
 	if ar.Wait, err = millis("wait_ms", req.WaitMs); err != nil {
 		return ar, err
+	}
+	if req.WaitMs != nil && *req.WaitMs < 0 {
+		if *req.WaitMs != -1 {
+			return ar, fmt.Errorf("%w: wait_ms must be -1, 0 or positive", agent.ErrInvalidArgument)
+		}
+		ar.Wait = agent.WaitForever
 	}
 	if req.Meta != nil {
 		ar.Meta = *req.Meta

@@ -1,0 +1,308 @@
+package agent_test
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/memory"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// faulty is the memory backend with faults switched on by the test: the
+// embedded backend is the fake, and faults are injected around it.
+type faulty struct {
+	*memory.Backend
+	failRenew    atomic.Bool   // renewals fail with ErrUnavailable
+	acquireDelay atomic.Int64  // an acquire's answer takes this long
+	renewCalls   atomic.Int64
+	lastRenewOK  atomic.Int64 // when the last successful renewal was sent, in Unix ns
+}
+
+func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
+	f.renewCalls.Add(1)
+	if f.failRenew.Load() {
+		errs := make([]error, len(reqs))
+		for i := range errs {
+			errs[i] = backend.ErrUnavailable
+		}
+		return errs
+	}
+	f.lastRenewOK.Store(time.Now().UnixNano())
+	return f.Backend.Renew(ctx, reqs)
+}
+
+func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
+	g, err := f.Backend.Acquire(ctx, req)
+	time.Sleep(time.Duration(f.acquireDelay.Load()))
+	return g, err
+}
+
+// conn records what the agent sends to a session.
+type conn struct {
+	mu     sync.Mutex
+	events []stamped
+	closed bool
+}
+
+type stamped struct {
+	agent.Event
+	at time.Time
+}
+
+func (c *conn) Send(ev agent.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.events = append(c.events, stamped{ev, time.Now()})
+}
+
+func (c *conn) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+}
+
+func (c *conn) got() []stamped {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]stamped(nil), c.events...)
+}
+
+// run starts an agent on a faulty memory backend; the returned stop ends it
+// and waits for all of its goroutines.
+func run(t *testing.T, cfg agent.Config) (*agent.Agent, *faulty, func()) {
+	t.Helper()
+	mb, err := memory.Open(filepath.Join(t.TempDir(), "state"))
+	require.NoError(t, err)
+	f := &faulty{Backend: mb}
+	cfg.Backend = f
+	a := agent.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	t.Cleanup(func() { mb.Close() })
+	return a, f, func() { cancel(); <-done }
+}
+
+func mustAcquire(t *testing.T, s *agent.Session, req agent.AcquireRequest) agent.Lease {
+	t.Helper()
+	res, err := s.Acquire(context.Background(), req)
+	require.NoError(t, err)
+	require.True(t, res.Acquired, "denied: %s", res.Reason)
+	return res.Lease
+}
+
+// TestRenewalKeepsLeasesAlive: with a healthy backend a lease lives as long
+// as its session, whatever its TTL.
+func TestRenewalKeepsLeasesAlive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: time.Second})
+
+		time.Sleep(time.Hour)
+		assert.Empty(t, c.got())
+		res, err := s.Check(context.Background(), l.ID)
+		require.NoError(t, err)
+		assert.True(t, res.Held)
+		// About three renewals a TTL (±10% jitter), batched.
+		assert.InDelta(t, 3*3600, f.renewCalls.Load(), 400)
+	})
+}
+
+// TestLostAtLocalDeadline: when renewals fail, the session is told the
+// backend is degraded, then the lease is lost at the local deadline: before
+// the backend's own expiry, so before anybody else could be granted it.
+func TestLostAtLocalDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		const ttl = 3 * time.Second
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
+
+		time.Sleep(5 * time.Second) // a few healthy renewals
+		f.failRenew.Store(true)
+		failedFrom := time.Now()
+		time.Sleep(2 * ttl)
+
+		evs := c.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, agent.EventBackend, evs[0].Kind)
+		assert.Equal(t, "degraded", evs[0].State)
+		lost := evs[1]
+		assert.Equal(t, agent.EventLost, lost.Kind)
+		assert.Equal(t, agent.ReasonBackendUnavailable, lost.Reason)
+		assert.Equal(t, l.ID, lost.Lease)
+		assert.Equal(t, l.Token, lost.Token)
+
+		// The backend keeps the lease ttl after the last renewal that
+		// succeeded was sent; the agent gives it up a margin earlier:
+		// 1% drift, 2ms of expiry precision, 50ms to deliver the event.
+		lastGood := time.Unix(0, f.lastRenewOK.Load())
+		margin := ttl/100 + 2*time.Millisecond + 50*time.Millisecond
+		assert.Equal(t, lastGood.Add(ttl-margin), lost.at, "lost exactly at the local deadline")
+		assert.True(t, lost.at.After(failedFrom), "not before renewals failed")
+
+		_, err = s.Check(context.Background(), l.ID)
+		assert.ErrorIs(t, err, agent.ErrNotHeld, "after lost the lease id is dead")
+	})
+}
+
+// TestShortOutageLosesNothing: an outage shorter than TTL - margin
+// produces no lost lease, and the recovery is announced.
+func TestShortOutageLosesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: 10 * time.Second})
+
+		time.Sleep(time.Second)
+		f.failRenew.Store(true)
+		time.Sleep(5 * time.Second)
+		f.failRenew.Store(false)
+		time.Sleep(time.Minute)
+
+		evs := c.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, "degraded", evs[0].State)
+		assert.Equal(t, "ok", evs[1].State)
+	})
+}
+
+// TestLeaseGoneFromBackend: a renewal that finds the lease gone (an
+// operator deleted it) loses it within one renew interval.
+func TestLeaseGoneFromBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		const ttl = 3 * time.Second
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
+		require.NoError(t, f.Release(context.Background(), backend.Lease{Name: "n", LeaseID: l.ID}))
+		deleted := time.Now()
+
+		time.Sleep(ttl)
+		evs := c.got()
+		require.Len(t, evs, 1)
+		assert.Equal(t, agent.ReasonExpired, evs[0].Reason)
+		assert.LessOrEqual(t, evs[0].at.Sub(deleted), ttl*11/30)
+	})
+}
+
+// TestLateGrantIsNotHandedOut: a grant whose answer arrives after its local
+// deadline is released, never handed out as valid.
+func TestLateGrantIsNotHandedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		f.acquireDelay.Store(int64(990 * time.Millisecond))
+		res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "late", TTL: time.Second})
+		require.NoError(t, err)
+		assert.False(t, res.Acquired)
+
+		f.acquireDelay.Store(0)
+		synctest.Wait() // the background release
+		info, err := f.Inspect(context.Background(), "late")
+		require.NoError(t, err)
+		assert.Empty(t, info.Holders)
+	})
+}
+
+// TestSessionOutlivesConnectionForItsTTL: session-scoped leases survive a
+// dropped connection for session_ttl, then go.
+func TestSessionOutlivesConnectionForItsTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		peer := agent.Peer{UID: 1000}
+		s, err := a.Open(peer, agent.SessionOptions{SessionTTL: 30 * time.Second}, c)
+		require.NoError(t, err)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "sess", Scope: agent.ScopeSession, TTL: time.Second})
+		mustAcquire(t, s, agent.AcquireRequest{Name: "conn", TTL: time.Second})
+		s.Detach(c)
+
+		holders := func(name string) int {
+			info, err := f.Inspect(context.Background(), name)
+			require.NoError(t, err)
+			return len(info.Holders)
+		}
+		assert.Equal(t, 0, holders("conn"))
+		time.Sleep(29 * time.Second)
+		assert.Equal(t, 1, holders("sess"), "renewed while the session waits for a resume")
+
+		// Another uid cannot resume it, with the right token or not.
+		_, err = a.Resume(agent.Peer{UID: 1001}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+		assert.ErrorIs(t, err, agent.ErrSessionExpired)
+
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, 0, holders("sess"))
+		_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+		assert.ErrorIs(t, err, agent.ErrSessionExpired)
+	})
+}
+
+// TestShutdown: every session is told, its connection closed, every lease
+// released, and nothing new is accepted.
+func TestShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: time.Minute}, c)
+		require.NoError(t, err)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "x", Scope: agent.ScopeSession})
+
+		waiting := make(chan error)
+		other, err := a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		go func() {
+			_, err := other.Acquire(context.Background(), agent.AcquireRequest{Name: "x", Wait: agent.WaitForever})
+			waiting <- err
+		}()
+		synctest.Wait()
+
+		info, _ := f.Inspect(context.Background(), "x")
+		require.Len(t, info.Holders, 1)
+		stopDone := make(chan struct{})
+		go func() { stop(); close(stopDone) }()
+		synctest.Wait()
+		evs := c.got()
+		require.Len(t, evs, 1)
+		assert.Equal(t, agent.EventShutdown, evs[0].Kind)
+		assert.True(t, c.closed)
+		_, err = a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		assert.ErrorIs(t, err, agent.ErrShuttingDown)
+		<-stopDone
+		assert.ErrorIs(t, <-waiting, agent.ErrShuttingDown)
+		info, err = f.Inspect(context.Background(), "x")
+		require.NoError(t, err)
+		assert.Empty(t, info.Holders, "released at shutdown")
+	})
+}

@@ -1,0 +1,219 @@
+package socketapi_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestA1_ConnectionDropReleases: a dropped connection frees its locks at once.
+func TestA1_ConnectionDropReleases(t *testing.T) {
+	ta := startAgent(t)
+	app, other := ta.raw(t), ta.raw(t)
+	tokens := map[string]float64{}
+	for i := 0; i < 5; i++ {
+		name := fmt.Sprintf("a1/%d", i)
+		tokens[name] = app.ok(fmt.Sprintf(`{"op":"acquire","name":%q}`, name))["token"].(float64)
+	}
+	app.nc.Close()
+	for name, tok := range tokens {
+		var m map[string]any
+		require.Eventually(t, func() bool {
+			m = other.ok(fmt.Sprintf(`{"op":"acquire","name":%q}`, name))
+			return m["acquired"] == true
+		}, time.Second, time.Millisecond)
+		assert.Greater(t, m["token"], tok)
+	}
+}
+
+func TestSessionScopeAndResume(t *testing.T) {
+	ta := startAgent(t)
+	a := ta.raw(t)
+	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000,"client":"resumer"}`)
+	s := a.ok(`{"id":2,"op":"acquire","name":"sess","scope":"session"}`)
+	assert.Equal(t, "session", s["scope"])
+	a.ok(`{"id":3,"op":"acquire","name":"conn"}`)
+	a.nc.Close()
+
+	other := ta.raw(t)
+	require.Eventually(t, func() bool {
+		return other.ok(`{"op":"acquire","name":"conn"}`)["acquired"] == true
+	}, time.Second, time.Millisecond, "the connection-scoped lease ends with its connection")
+	assert.Equal(t, false, other.ok(`{"op":"acquire","name":"sess"}`)["acquired"], "the session-scoped one lives on")
+
+	// While detached, the session-scoped lease is broken: the event waits.
+	other.ok(`{"op":"break","name":"sess"}`)
+
+	b := ta.raw(t)
+	r := b.ok(fmt.Sprintf(`{"id":1,"op":"hello","resume":{"session":%q,"token":%q},"session_ttl_ms":1000}`, h["session"], h["resume_token"]))
+	assert.Equal(t, true, r["resumed"])
+	assert.Equal(t, h["session"], r["session"])
+	assert.Equal(t, h["resume_token"], r["resume_token"], "the resume token stays the same")
+	ev := b.recv()
+	assert.Equal(t, "lost", ev["event"])
+	assert.Equal(t, s["lease"], ev["lease"])
+	assert.Equal(t, "broken", ev["reason"])
+}
+
+func TestResumeKeepsLeases(t *testing.T) {
+	ta := startAgent(t)
+	a := ta.raw(t)
+	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000}`)
+	s := a.ok(`{"id":2,"op":"acquire","name":"keep","scope":"session"}`)
+
+	// Resuming while the first connection is still attached closes it.
+	b := ta.raw(t)
+	b.ok(fmt.Sprintf(`{"id":1,"op":"hello","resume":{"session":%q,"token":%q}}`, h["session"], h["resume_token"]))
+	a.requireClosed()
+	c := b.ok(fmt.Sprintf(`{"id":2,"op":"check","lease":%q}`, s["lease"]))
+	assert.Equal(t, true, c["held"])
+	// session_ttl_ms was not given again: 0, so the session ends with b.
+	b.ok(fmt.Sprintf(`{"id":3,"op":"release","lease":%q}`, s["lease"]))
+}
+
+func TestResumeRefused(t *testing.T) {
+	ta := startAgent(t)
+	a := ta.raw(t)
+	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":100}`)
+	a.ok(`{"id":2,"op":"acquire","name":"gone","scope":"session"}`)
+
+	for _, resume := range []string{
+		fmt.Sprintf(`{"session":%q,"token":"wrong"}`, h["session"]),
+		fmt.Sprintf(`{"session":"s_unknown","token":%q}`, h["resume_token"]),
+		`{}`,
+	} {
+		ta.raw(t).fail(`{"id":1,"op":"hello","resume":`+resume+`}`, "session_expired")
+	}
+	a.nc.Close()
+	other := ta.raw(t)
+	require.Eventually(t, func() bool {
+		return other.ok(`{"op":"acquire","name":"gone"}`)["acquired"] == true
+	}, 2*time.Second, 5*time.Millisecond, "the session ends after its ttl, with its leases")
+	ta.raw(t).fail(fmt.Sprintf(`{"id":1,"op":"hello","resume":{"session":%q,"token":%q}}`, h["session"], h["resume_token"]), "session_expired")
+}
+
+// TestA3_Heartbeat: a client that stops talking loses its connection, and
+// its locks, after heartbeat_ms; one without a heartbeat keeps them.
+func TestA3_Heartbeat(t *testing.T) {
+	ta := startAgent(t)
+	quiet := ta.raw(t)
+	quiet.ok(`{"id":1,"op":"hello","heartbeat_ms":500}`)
+	quiet.ok(`{"id":2,"op":"acquire","name":"hb"}`)
+	// Talking keeps it alive past the heartbeat.
+	for talk := time.Now(); time.Since(talk) < 700*time.Millisecond; {
+		time.Sleep(50 * time.Millisecond)
+		quiet.ok(`{"op":"ping"}`)
+	}
+	lastPing := time.Now()
+	silent := ta.raw(t)
+	silent.ok(`{"op":"acquire","name":"nohb"}`)
+
+	quiet.requireClosed()
+	assert.GreaterOrEqual(t, time.Since(lastPing), 450*time.Millisecond)
+	other := ta.raw(t)
+	assert.Equal(t, true, other.ok(`{"op":"acquire","name":"hb"}`)["acquired"])
+	assert.Equal(t, false, other.ok(`{"op":"acquire","name":"nohb"}`)["acquired"], "without a heartbeat a silent client keeps its locks")
+}
+
+// TestA4_SlowReader: a client that never reads is cut off; others are not
+// affected; its locks are released.
+func TestA4_SlowReader(t *testing.T) {
+	ta := startAgent(t, func(o *options) {
+		o.server.MaxQueueBytes = 64 << 10
+		o.server.WriteTimeout = 200 * time.Millisecond
+	})
+	slow := ta.raw(t)
+	slow.ok(`{"op":"acquire","name":"slow"}`)
+	good := ta.raw(t)
+	g := good.ok(`{"op":"acquire","name":"good","ttl_ms":3000}`)
+
+	pings := []byte(strings.Repeat(`{"id":"some-long-request-id-to-fill-buffers","op":"ping"}`+"\n", 1000))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200; i++ {
+			if _, err := slow.nc.Write(pings); err != nil {
+				return
+			}
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		good.ok(`{"op":"ping"}`)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow reader was not cut off")
+	}
+	require.Eventually(t, func() bool {
+		return good.ok(`{"op":"acquire","name":"slow"}`)["acquired"] == true
+	}, 2*time.Second, 5*time.Millisecond)
+	assert.Equal(t, true, good.ok(fmt.Sprintf(`{"op":"check","lease":%q}`, g["lease"]))["held"])
+}
+
+func TestLineTooLong(t *testing.T) {
+	ta := startAgent(t, func(o *options) { o.server.MaxLineBytes = 1024 })
+	r := ta.raw(t)
+	r.ok(`{"op":"acquire","name":"long"}`)
+	pad := strings.Repeat(" ", 1024-len(`{"op":"ping"}`))
+	r.ok(`{"op":"ping"}` + pad) // exactly the limit
+	r.send(`{"op":"ping"}` + pad + " ")
+	m := r.recv()
+	requireCode(t, m, "line_too_long")
+	r.requireClosed()
+	assert.Equal(t, true, ta.raw(t).ok(`{"op":"acquire","name":"long"}`)["acquired"], "its locks went with it")
+}
+
+// TestF5_HugeLineWithoutNewline: a 10 MiB line is cut at the limit.
+func TestF5_HugeLineWithoutNewline(t *testing.T) {
+	ta := startAgent(t)
+	r := ta.raw(t)
+	go func() {
+		chunk := make([]byte, 1<<20)
+		for i := range chunk {
+			chunk[i] = 'a'
+		}
+		for i := 0; i < 10; i++ {
+			if _, err := r.nc.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	requireCode(t, r.recv(), "line_too_long")
+	r.requireClosed()
+}
+
+// TestF4_ConnectionsBeyondTheCap get an error line, not the backlog.
+func TestF4_ConnectionsBeyondTheCap(t *testing.T) {
+	ta := startAgent(t, func(o *options) { o.server.MaxConns = 2 })
+	a, b := ta.raw(t), ta.raw(t)
+	a.ok(`{"op":"ping"}`)
+	b.ok(`{"op":"ping"}`)
+	c := ta.raw(t)
+	requireCode(t, c.recv(), "limit_exceeded")
+	c.requireClosed()
+	a.ok(`{"op":"ping"}`)
+	b.nc.Close()
+	require.Eventually(t, func() bool { return pings(ta.path) }, 2*time.Second, 5*time.Millisecond)
+}
+
+// pings tells whether a new connection gets an answer to ping.
+func pings(path string) bool {
+	nc, err := net.Dial("unix", path)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(time.Second))
+	if _, err := nc.Write([]byte(`{"op":"ping"}` + "\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(nc).ReadString('\n')
+	return err == nil && strings.Contains(line, `"pong":true`)
+}
