@@ -97,6 +97,7 @@ type Agent struct {
 	sched    renewHeap
 	closing  bool // Run is shutting down: no new sessions or grants
 	degraded bool // the last renewal attempt failed with an unknown outcome
+	nextWake time.Time // when the scheduler wakes next unless kicked
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes
 	wg   sync.WaitGroup

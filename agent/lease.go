@@ -92,7 +92,7 @@ func (a *Agent) addLease(l *lease) {
 	a.leases[l.id] = l
 	l.session.leases[l.name] = l
 	heap.Push(&a.sched, l)
-	if l.index == 0 {
+	if l.due().Before(a.nextWake) {
 		a.kickScheduler()
 	}
 }
@@ -171,6 +171,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		if len(a.sched) > 0 {
 			wait = a.sched[0].due().Sub(now)
 		}
+		a.nextWake = now.Add(wait)
 		a.mu.Unlock()
 
 		if len(batch) > 0 {

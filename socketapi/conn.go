@@ -234,21 +234,12 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		return true
 	}
 	var req request
-	if err := json.Unmarshal(line, &req); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && line[0] == '{' {
-			id := req.ID
-			if !validID(id) {
-				id = nil
-			}
-			c.enqueue(encodeError(id, CodeInvalidArgument, fmt.Sprintf("%s must be a JSON %s", te.Field, expectedType(te)), nil), true)
-			return true
+	if err := decodeRequest(line, &req); err != nil {
+		id := req.ID
+		if err.code == CodeBadRequest || !validID(id) {
+			id = nil
 		}
-		c.enqueue(encodeError(nil, CodeBadRequest, "a request is one JSON object per line", nil), true)
-		return true
-	}
-	if line[0] != '{' {
-		c.enqueue(encodeError(nil, CodeBadRequest, "a request is one JSON object per line", nil), true)
+		c.enqueue(encodeError(id, err.code, err.msg, nil), true)
 		return true
 	}
 	if !validID(req.ID) {
@@ -258,10 +249,6 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 	id := req.ID
 	if id == nil {
 		id = nullID
-	}
-	if key, dup := duplicateKey(line); dup {
-		c.enqueue(encodeError(id, CodeBadRequest, fmt.Sprintf("key %q appears twice", key), nil), true)
-		return true
 	}
 	if req.Op == "" {
 		c.enqueue(encodeError(id, CodeBadRequest, "op is required", nil), true)
@@ -294,19 +281,6 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		c.sess = s
 	}
 	return op(c, ctx, id, &req)
-}
-
-// expectedType names the JSON type a mistyped field needs.
-func expectedType(te *json.UnmarshalTypeError) string {
-	switch te.Type.Kind().String() {
-	case "int64", "int":
-		return "integer in range"
-	case "bool":
-		return "boolean"
-	case "string":
-		return "string"
-	}
-	return "object"
 }
 
 // ops runs every op but hello. An op returns false to end the connection.

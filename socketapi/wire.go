@@ -61,29 +61,30 @@ func errorCode(err error) (code string, ok bool) {
 	return CodeInternal, false
 }
 
-// request is every field any op takes. Pointers tell absent from zero.
+// request is every field any op takes, as decodeRequest fills it.
+// Pointers tell absent (or null) from zero.
 type request struct {
-	ID json.RawMessage `json:"id"`
-	Op string          `json:"op"`
+	ID json.RawMessage
+	Op string
 
 	// hello
-	Version      *int64      `json:"version"`
-	Client       *string     `json:"client"`
-	SessionTTLMs *int64      `json:"session_ttl_ms"`
-	HeartbeatMs  *int64      `json:"heartbeat_ms"`
-	Resume       *resumeArgs `json:"resume"`
+	Version      *int64
+	Client       *string
+	SessionTTLMs *int64
+	HeartbeatMs  *int64
+	Resume       *resumeArgs
 
 	// acquire, release, check, inspect, break, list, cancel
-	Name   *string         `json:"name"`
-	Mode   *string         `json:"mode"`
-	Limit  *int64          `json:"limit"`
-	Scope  *string         `json:"scope"`
-	TTLMs  *int64          `json:"ttl_ms"`
-	WaitMs *int64          `json:"wait_ms"`
-	Meta   *string         `json:"meta"`
-	Lease  *string         `json:"lease"`
-	All    *bool           `json:"all"`
-	Target json.RawMessage `json:"target"`
+	Name   *string
+	Mode   *string
+	Limit  *int64
+	Scope  *string
+	TTLMs  *int64
+	WaitMs *int64
+	Meta   *string
+	Lease  *string
+	All    *bool
+	Target json.RawMessage
 }
 
 type resumeArgs struct {
@@ -317,54 +318,4 @@ func idKey(raw json.RawMessage) (string, bool) {
 		return "s:" + s, true
 	}
 	return "n:" + string(raw), true
-}
-
-// duplicateKey reports the first top-level key that appears twice in line,
-// which must be a valid JSON object. JSON libraries disagree on which value
-// of a duplicated key wins, so the agent refuses such a request rather than
-// guess.
-func duplicateKey(line []byte) (string, bool) {
-	var seen []string
-	depth := 0
-	expectKey := false
-	for i := 0; i < len(line); i++ {
-		switch c := line[i]; c {
-		case '{', '[':
-			depth++
-			expectKey = depth == 1 && c == '{'
-		case '}', ']':
-			depth--
-		case ',':
-			expectKey = depth == 1
-		case '"':
-			end := stringEnd(line, i)
-			if depth == 1 && expectKey {
-				var key string
-				if json.Unmarshal(line[i:end], &key) == nil {
-					for _, k := range seen {
-						if k == key {
-							return key, true
-						}
-					}
-					seen = append(seen, key)
-				}
-				expectKey = false
-			}
-			i = end - 1
-		}
-	}
-	return "", false
-}
-
-// stringEnd returns the index just past the JSON string starting at line[i].
-func stringEnd(line []byte, i int) int {
-	for j := i + 1; j < len(line); j++ {
-		switch line[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
-		}
-	}
-	return len(line)
 }

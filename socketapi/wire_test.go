@@ -83,17 +83,51 @@ func (infinite) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func TestDuplicateKey(t *testing.T) {
+func TestDecodeRequest(t *testing.T) {
 	for line, want := range map[string]string{
-		`{"a":1,"b":2}`:                   "",
-		`{"a":1,"a":2}`:                   "a",
-		`{"a":{"b":1,"b":2}}`:             "",
-		`{"a":[{"a":1}],"b":"a\"","a":3}`: "a",
-		`{"\u0061":1,"a":2}`:              "a",
-		`{"s":"{\"s\":1}","t":1}`:         "",
+		`{"a":1,"b":2,"op":"ping"}`:        "",
+		` { "op" : "ping" , "id" : 7 } `:   "",
+		`{"a":1,"a":2}`:                    "bad_request: key \"a\" appears twice",
+		`{"a":{"b":1,"b":2}}`:              "",
+		`{"a":[{"a":1}],"b":"a\"","a":3}`:  "bad_request: key \"a\" appears twice",
+		`{"\u0061":1,"a":2}`:               "bad_request: key \"a\" appears twice",
+		`{"s":"{\"s\":1}","t":1}`:          "",
+		`{"op":"ping"} x`:                  "bad_request: a request is one JSON object per line",
+		`[{"op":"ping"}]`:                  "bad_request: a request is one JSON object per line",
+		`{"op":1}`:                         "invalid_argument: op must be a JSON string",
+		`{"ttl_ms":1.0}`:                   "invalid_argument: ttl_ms must be a JSON integer in range",
+		`{"wait_ms":99999999999999999999}`: "invalid_argument: wait_ms must be a JSON integer in range",
+		`{"all":"yes"}`:                    "invalid_argument: all must be a JSON boolean",
+		`{"resume":[]}`:                    "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
+		`{"name":null,"op":"ping"}`:        "",
 	} {
-		key, dup := duplicateKey([]byte(line))
-		assert.Equal(t, want != "", dup, line)
-		assert.Equal(t, want, key, line)
+		var req request
+		err := decodeRequest([]byte(line), &req)
+		if want == "" {
+			assert.Nil(t, err, line)
+			continue
+		}
+		require.NotNil(t, err, line)
+		assert.Equal(t, want, err.code+": "+err.msg, line)
 	}
+
+	var req request
+	require.Nil(t, decodeRequest([]byte(`{"id":"x","op":"acquire","name":"a\tb","mode":"shared","limit":3,"scope":"session","ttl_ms":1000,"wait_ms":-1,"meta":"m","lease":"l","all":true,"target":5,"version":1,"client":"c","session_ttl_ms":2,"heartbeat_ms":3,"resume":{"session":"s","token":"t"}}`), &req))
+	assert.Equal(t, `"x"`, string(req.ID))
+	assert.Equal(t, "acquire", req.Op)
+	assert.Equal(t, "a\tb", *req.Name)
+	assert.Equal(t, "shared", *req.Mode)
+	assert.EqualValues(t, 3, *req.Limit)
+	assert.Equal(t, "session", *req.Scope)
+	assert.EqualValues(t, 1000, *req.TTLMs)
+	assert.EqualValues(t, -1, *req.WaitMs)
+	assert.Equal(t, "m", *req.Meta)
+	assert.Equal(t, "l", *req.Lease)
+	assert.True(t, *req.All)
+	assert.Equal(t, "5", string(req.Target))
+	assert.EqualValues(t, 1, *req.Version)
+	assert.Equal(t, "c", *req.Client)
+	assert.EqualValues(t, 2, *req.SessionTTLMs)
+	assert.EqualValues(t, 3, *req.HeartbeatMs)
+	assert.Equal(t, resumeArgs{"s", "t"}, *req.Resume)
 }

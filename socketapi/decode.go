@@ -1,0 +1,204 @@
+package socketapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+)
+
+// decodeError is a request that cannot be decoded: bad_request for a line
+// that is not a JSON object or has a key twice, invalid_argument for a
+// field of the wrong type (named in the message).
+type decodeError struct {
+	code string
+	msg  string
+}
+
+func (e *decodeError) Error() string { return e.msg }
+
+var errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object per line"}
+
+// decodeRequest reads a request line into req. It reads only the top level
+// of the object, which is all a request has, in one pass: every value is
+// decoded by the type of its field, unknown keys are skipped, and a key
+// that appears twice is refused (JSON libraries disagree on which of the
+// two values wins, so the agent does not guess). req.ID is set whenever
+// the line is an object, so that errors can echo it.
+func decodeRequest(line []byte, req *request) *decodeError {
+	if !json.Valid(line) {
+		return errNotObject
+	}
+	i := skipSpace(line, 0)
+	if line[i] != '{' {
+		return errNotObject
+	}
+	var seen [][]byte
+	var typeErr *decodeError
+	i = skipSpace(line, i+1)
+	for line[i] != '}' {
+		keyEnd := stringEnd(line, i)
+		key := unquote(line[i:keyEnd])
+		for _, k := range seen {
+			if bytes.Equal(k, key) {
+				return &decodeError{CodeBadRequest, fmt.Sprintf("key %q appears twice", key)}
+			}
+		}
+		seen = append(seen, key)
+		i = skipSpace(line, keyEnd)
+		i = skipSpace(line, i+1) // the colon
+		end := valueEnd(line, i)
+		if err := req.set(string(key), line[i:end]); err != nil && typeErr == nil {
+			typeErr = err
+		}
+		i = skipSpace(line, end)
+		if line[i] == ',' {
+			i = skipSpace(line, i+1)
+		}
+	}
+	return typeErr
+}
+
+// set decodes one top-level value into the field of its key.
+func (req *request) set(key string, v []byte) *decodeError {
+	if string(v) == "null" { // null is absent, as for a missing key
+		return nil
+	}
+	switch key {
+	case "id": // copied: the line's buffer is reused for the next line
+		req.ID = append(json.RawMessage(nil), v...)
+	case "target":
+		req.Target = append(json.RawMessage(nil), v...)
+	case "op":
+		return setString(key, v, &req.Op)
+	case "client":
+		return setStringPtr(key, v, &req.Client)
+	case "name":
+		return setStringPtr(key, v, &req.Name)
+	case "mode":
+		return setStringPtr(key, v, &req.Mode)
+	case "scope":
+		return setStringPtr(key, v, &req.Scope)
+	case "meta":
+		return setStringPtr(key, v, &req.Meta)
+	case "lease":
+		return setStringPtr(key, v, &req.Lease)
+	case "version":
+		return setInt(key, v, &req.Version)
+	case "session_ttl_ms":
+		return setInt(key, v, &req.SessionTTLMs)
+	case "heartbeat_ms":
+		return setInt(key, v, &req.HeartbeatMs)
+	case "limit":
+		return setInt(key, v, &req.Limit)
+	case "ttl_ms":
+		return setInt(key, v, &req.TTLMs)
+	case "wait_ms":
+		return setInt(key, v, &req.WaitMs)
+	case "all":
+		switch string(v) {
+		case "true", "false":
+			b := v[0] == 't'
+			req.All = &b
+		default:
+			return typeError(key, "boolean")
+		}
+	case "resume":
+		var r resumeArgs
+		if v[0] != '{' || json.Unmarshal(v, &r) != nil {
+			return typeError(key, `object {"session": string, "token": string}`)
+		}
+		req.Resume = &r
+	}
+	return nil
+}
+
+func typeError(key, want string) *decodeError {
+	return &decodeError{CodeInvalidArgument, fmt.Sprintf("%s must be a JSON %s", key, want)}
+}
+
+func setString(key string, v []byte, dst *string) *decodeError {
+	if v[0] != '"' {
+		return typeError(key, "string")
+	}
+	*dst = string(unquote(v))
+	return nil
+}
+
+func setStringPtr(key string, v []byte, dst **string) *decodeError {
+	var s string
+	if err := setString(key, v, &s); err != nil {
+		return err
+	}
+	*dst = &s
+	return nil
+}
+
+func setInt(key string, v []byte, dst **int64) *decodeError {
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil {
+		return typeError(key, "integer in range")
+	}
+	*dst = &n
+	return nil
+}
+
+// unquote returns the contents of a valid JSON string literal.
+func unquote(lit []byte) []byte {
+	inner := lit[1 : len(lit)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return inner
+	}
+	var s string
+	json.Unmarshal(lit, &s) // valid: checked by json.Valid
+	return []byte(s)
+}
+
+func skipSpace(line []byte, i int) int {
+	for i < len(line) && (line[i] == ' ' || line[i] == '\t' || line[i] == '\n' || line[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the JSON string starting at line[i].
+func stringEnd(line []byte, i int) int {
+	for j := i + 1; j < len(line); j++ {
+		switch line[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(line)
+}
+
+// valueEnd returns the index just past the valid JSON value at line[i].
+func valueEnd(line []byte, i int) int {
+	switch line[i] {
+	case '"':
+		return stringEnd(line, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(line); j++ {
+			switch line[j] {
+			case '"':
+				j = stringEnd(line, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(line)
+	}
+	j := i
+	for j < len(line) && bytes.IndexByte([]byte(" \t\r\n,}]"), line[j]) < 0 {
+		j++
+	}
+	return j
+}
