@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend/memory"
+	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+// loadConfig reads the config file (or the defaults) and applies the
+// environment and the -socket and -log-level flags.
+func loadConfig(file, socket, level string) (config.Config, error) {
+	cfg := config.Default()
+	if file != "" {
+		var err error
+		if cfg, err = config.Load(file); err != nil {
+			return cfg, err
+		}
+	}
+	cfg.ApplyEnv(os.Getenv)
+	if socket != "" {
+		cfg.Socket.Path = socket
+	}
+	if level != "" {
+		cfg.LogLevel = level
+	}
+	return cfg, cfg.Validate()
+}
+
+func agentCmd(args []string, stderr io.Writer) error {
+	fs := newFlagSet("agent", stderr)
+	file := fs.String("config", "", "config file (HCL)")
+	socket := fs.String("socket", "", "socket path")
+	level := fs.String("log-level", "", "trace, debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{"agent takes no arguments"}
+	}
+	cfg, err := loadConfig(*file, *socket, *level)
+	if err != nil {
+		return err
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name:       "lockagent",
+		Level:      hclog.LevelFromString(cfg.LogLevel),
+		JSONFormat: cfg.LogFormat == "json",
+		Output:     stderr,
+	})
+
+	if err := checkSupported(cfg); err != nil {
+		return err
+	}
+	if cfg.Metrics.Address != "" {
+		log.Warn("metrics are not available in this build; the endpoint is off", "address", cfg.Metrics.Address)
+	}
+	// Signals are ours from here on: a SIGTERM during start-up stops the
+	// agent cleanly instead of killing it with the socket bound.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	// The socket first: an agent refused because another one serves the
+	// path must not touch that one's state.
+	ln, err := socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group)
+	if err != nil {
+		return err
+	}
+	b, err := memory.Open(cfg.StateDir)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer b.Close()
+	host, _ := os.Hostname()
+	a := agent.New(agent.Config{
+		Backend:             b,
+		Logger:              log.Named("agent"),
+		Host:                host,
+		Version:             version,
+		DefaultTTL:          cfg.Leases.DefaultTTL,
+		MinTTL:              cfg.Leases.MinTTL,
+		MaxTTL:              cfg.Leases.MaxTTL,
+		MaxSessions:         cfg.Limits.MaxSessions,
+		MaxLeasesPerSession: cfg.Limits.MaxLeasesPerSession,
+		MaxWaiters:          cfg.Limits.MaxWaiters,
+		AdminUIDs:           adminUIDs(cfg),
+	})
+	srv := &socketapi.Server{
+		Agent:        a,
+		Logger:       log.Named("socket"),
+		MaxLineBytes: cfg.Limits.MaxLineBytes,
+		MaxConns:     cfg.Limits.MaxSessions,
+	}
+
+	var wg sync.WaitGroup
+	var serveErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); a.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		if serveErr = srv.Serve(ctx, ln); serveErr != nil {
+			stop()
+		}
+	}()
+	log.Info("agent started", "socket", cfg.Socket.Path, "backend", b.Name(), "version", version)
+	daemon.SdNotify(false, daemon.SdNotifyReady)
+	wg.Add(1)
+	go func() { defer wg.Done(); watchdog(ctx) }()
+
+	for done := false; !done; {
+		select {
+		case <-hup:
+			reload(*file, *level, log)
+		case <-ctx.Done():
+			done = true
+		}
+	}
+	log.Info("shutting down")
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	wg.Wait()
+	log.Info("stopped")
+	return serveErr
+}
+
+// reload re-reads what can change without a restart: the log level.
+func reload(file, level string, log hclog.Logger) {
+	cfg, err := loadConfig(file, "", level)
+	if err != nil {
+		log.Error("reload failed; keeping the running configuration", "error", err)
+		return
+	}
+	log.SetLevel(hclog.LevelFromString(cfg.LogLevel))
+	log.Info("configuration reloaded", "log_level", cfg.LogLevel)
+}
+
+// watchdog feeds systemd's watchdog at half its interval, if it is enabled.
+func watchdog(ctx context.Context) {
+	interval, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || interval == 0 {
+		return
+	}
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+		}
+	}
+}
+
+// checkSupported refuses what this build of the agent cannot do, rather
+// than run without it: a backend other than memory, and ACL rules and admin
+// groups, which the agent does not enforce yet. An ACL silently ignored
+// would let every peer lock every name.
+func checkSupported(cfg config.Config) error {
+	var errs []error
+	if cfg.Backend.Kind != "memory" {
+		errs = append(errs, fmt.Errorf("backend %q is not available in this build", cfg.Backend.Kind))
+	}
+	if a := cfg.ACL; a != nil {
+		if len(a.Rules) > 0 {
+			errs = append(errs, errors.New("acl: rules are not enforced by this build; refusing to run without them"))
+		}
+		if len(a.AdminGroups) > 0 {
+			errs = append(errs, errors.New("acl.admin_groups: not supported by this build; list the admins in admin_uids"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// adminUIDs is who may list every session and break locks: when the acl
+// block sets admin_uids or admin_groups, the admin_uids it lists (none at
+// all for an empty list); else root and the agent's own uid.
+func adminUIDs(cfg config.Config) []uint32 {
+	if a := cfg.ACL; a != nil && (a.AdminUIDs != nil || a.AdminGroups != nil) {
+		// Non-nil even when empty: the agent reads nil as "root only".
+		return append([]uint32{}, a.AdminUIDs...)
+	}
+	return []uint32{0, uint32(os.Getuid())}
+}
+
+func configCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "check" {
+		return usageError{"usage: lockagent config check [-config FILE]"}
+	}
+	fs := newFlagSet("config check", stderr)
+	file := fs.String("config", "", "config file (HCL)")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	// A file given without -config would otherwise be ignored, and the
+	// defaults checked in its place.
+	if fs.NArg() > 0 {
+		return usageError{"usage: lockagent config check [-config FILE]"}
+	}
+	cfg, err := loadConfig(*file, "", "")
+	if err != nil {
+		return err
+	}
+	// What the agent would refuse to run with is not a valid configuration.
+	if err := checkSupported(cfg); err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, cfg.Render())
+	return nil
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+// socketPath is where client commands find the agent: -socket, then
+// LOCKAGENT_SOCKET, then the default path.
+func socketPath(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if p := os.Getenv("LOCKAGENT_SOCKET"); p != "" {
+		return p
+	}
+	return config.DefaultSocketPath()
+}
+
+// dial connects and says hello as client.
+func dial(ctx context.Context, socket, client string) (*socketapi.Client, error) {
+	c, err := socketapi.Dial(ctx, socketPath(socket))
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the agent: %w", err)
+	}
+	if err := c.Call(ctx, "hello", map[string]any{"version": 1, "client": client}, nil); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	return c, nil
+}
+
+func ctlCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usageError{"ctl needs a subcommand: list, inspect or break"}
+	}
+	sub, rest := args[0], args[1:]
+	fs := newFlagSet("ctl "+sub, stderr)
+	socket := fs.String("socket", "", "agent socket path")
+	var all, asJSON *bool
+	if sub == "list" {
+		all = fs.Bool("all", false, "every session of the agent (admins)")
+		asJSON = fs.Bool("json", false, "print JSON")
+	}
+	if err := parseFlags(fs, rest); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	switch sub {
+	case "list":
+		if fs.NArg() != 0 {
+			return usageError{"ctl list takes no arguments"}
+		}
+		c, err := dial(ctx, *socket, "lockagent ctl")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		var res listResult
+		if err := c.Call(ctx, "list", map[string]any{"all": *all}, &res); err != nil {
+			return fmt.Errorf("list: %w", err)
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		printList(stdout, res)
+		return nil
+	case "inspect", "break":
+		if fs.NArg() != 1 {
+			return usageError{fmt.Sprintf("ctl %s takes one lock name", sub)}
+		}
+		c, err := dial(ctx, *socket, "lockagent ctl")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if sub == "break" {
+			var res struct {
+				Broken int `json:"broken"`
+			}
+			if err := c.Call(ctx, "break", map[string]any{"name": fs.Arg(0)}, &res); err != nil {
+				return fmt.Errorf("break: %w", err)
+			}
+			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", fs.Arg(0), res.Broken)
+			return nil
+		}
+		var res json.RawMessage
+		if err := c.Call(ctx, "inspect", map[string]any{"name": fs.Arg(0)}, &res); err != nil {
+			return fmt.Errorf("inspect: %w", err)
+		}
+		return printInspect(stdout, fs.Arg(0), res)
+	default:
+		return usageError{fmt.Sprintf("unknown ctl subcommand %q", sub)}
+	}
+}
+
+type listResult struct {
+	Sessions []struct {
+		Session  string `json:"session"`
+		PID      int32  `json:"pid"`
+		UID      uint32 `json:"uid"`
+		Client   string `json:"client"`
+		Attached bool   `json:"attached"`
+		Leases   []struct {
+			Lease       string `json:"lease"`
+			Name        string `json:"name"`
+			Mode        string `json:"mode"`
+			Scope       string `json:"scope"`
+			Token       uint64 `json:"token"`
+			TTLMs       int64  `json:"ttl_ms"`
+			Meta        string `json:"meta"`
+			HeldForMs   int64  `json:"held_for_ms"`
+			ExpiresInMs int64  `json:"expires_in_ms"`
+		} `json:"leases"`
+		Waiting []struct {
+			Name     string `json:"name"`
+			Mode     string `json:"mode"`
+			WaitedMs int64  `json:"waited_ms"`
+		} `json:"waiting"`
+	} `json:"sessions"`
+}
+
+func ms(v int64) string {
+	return (time.Duration(v) * time.Millisecond).Round(time.Millisecond * 100).String()
+}
+
+// printList prints one row per lease, and a row for a session without any.
+func printList(w io.Writer, res listResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tPID\tUID\tCLIENT\tLOCK\tMODE\tSCOPE\tTOKEN\tHELD FOR\tEXPIRES IN\tWAITING")
+	for _, s := range res.Sessions {
+		var waiting []string
+		for _, wt := range s.Waiting {
+			waiting = append(waiting, fmt.Sprintf("%s (%s, %s)", wt.Name, wt.Mode, ms(wt.WaitedMs)))
+		}
+		wait := strings.Join(waiting, ", ")
+		if wait == "" {
+			wait = "-"
+		}
+		client := s.Client
+		if client == "" {
+			client = "-"
+		}
+		if !s.Attached {
+			client += " (detached)"
+		}
+		if len(s.Leases) == 0 {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t-\t-\t-\t-\t-\t-\t%s\n", s.Session, s.PID, s.UID, client, wait)
+		}
+		for _, l := range s.Leases {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Session, s.PID, s.UID, client,
+				l.Name, l.Mode, l.Scope, l.Token, ms(l.HeldForMs), ms(l.ExpiresInMs), wait)
+		}
+	}
+	tw.Flush()
+}
+
+func printInspect(w io.Writer, name string, raw json.RawMessage) error {
+	var res struct {
+		Locked  bool    `json:"locked"`
+		Mode    *string `json:"mode"`
+		Holders []struct {
+			Mode        string `json:"mode"`
+			Token       uint64 `json:"token"`
+			Meta        string `json:"meta"`
+			Host        string `json:"host"`
+			ExpiresInMs int64  `json:"expires_in_ms"`
+		} `json:"holders"`
+		LastToken uint64 `json:"last_token"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	if !res.Locked {
+		fmt.Fprintf(w, "%s: free (last token %d)\n", name, res.LastToken)
+		return nil
+	}
+	fmt.Fprintf(w, "%s: held %s (last token %d)\n", name, *res.Mode, res.LastToken)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tTOKEN\tHOST\tEXPIRES IN\tMETA")
+	for _, h := range res.Holders {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, h.Host, ms(h.ExpiresInMs), h.Meta)
+	}
+	return tw.Flush()
+}

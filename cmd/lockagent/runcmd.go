@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+// exitTempFail is run's status when the lock was not acquired in time
+// (EX_TEMPFAIL).
+const exitTempFail = 75
+
+func runCmd(args []string, stderr io.Writer) error {
+	fs := newFlagSet("run", stderr)
+	socket := fs.String("socket", "", "agent socket path")
+	wait := fs.Duration("wait", -1, "how long to wait for the lock (default: without limit)")
+	shared := fs.Bool("shared", false, "take the lock shared")
+	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long before SIGKILL")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) < 3 || rest[1] != "--" {
+		return usageError{"usage: lockagent run [-wait DUR] [-shared] NAME -- CMD [ARGS...]"}
+	}
+	name, argv := rest[0], rest[2:]
+
+	// Signals that would stop us go to the command instead, once it runs.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := dial(ctx, *socket, "lockagent run")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	req := map[string]any{"name": name, "wait_ms": -1}
+	if *wait >= 0 {
+		req["wait_ms"] = wait.Milliseconds()
+	}
+	if *shared {
+		req["mode"] = "shared"
+	}
+	var res struct {
+		Acquired bool   `json:"acquired"`
+		Lease    string `json:"lease"`
+		Token    uint64 `json:"token"`
+		Reason   string `json:"reason"`
+	}
+	acquired := make(chan error, 1)
+	go func() { acquired <- c.Call(ctx, "acquire", req, &res) }()
+	select {
+	case err = <-acquired:
+	case sig := <-sigs:
+		return exitError{128 + int(sig.(syscall.Signal))}
+	}
+	if err != nil {
+		return fmt.Errorf("acquire %s: %w", name, err)
+	}
+	if !res.Acquired {
+		fmt.Fprintf(stderr, "lockagent: %s not acquired (%s)\n", name, res.Reason)
+		return exitError{exitTempFail}
+	}
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
+	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(res.Token, 10), "LOCKAGENT_LEASE="+res.Lease, "LOCKAGENT_NAME="+name)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("run %s: %w", argv[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var kill <-chan time.Time
+	events := c.Events()
+	for {
+		select {
+		case err := <-exited:
+			c.Call(ctx, "bye", nil, nil)
+			return exitStatus(err)
+		case sig := <-sigs:
+			cmd.Process.Signal(sig)
+		case ev, ok := <-events:
+			lost := !ok || (ev.Event == "lost" && ev.Lease == res.Lease) || ev.Event == "shutdown"
+			if !ok {
+				events = nil
+			}
+			if lost && kill == nil {
+				fmt.Fprintf(stderr, "lockagent: lock %s lost (%s); stopping the command\n", name, lostReason(ev, ok))
+				cmd.Process.Signal(syscall.SIGTERM)
+				kill = time.After(*grace)
+			}
+		case <-kill:
+			cmd.Process.Kill()
+		}
+	}
+}
+
+func lostReason(ev socketapi.Event, ok bool) string {
+	switch {
+	case !ok:
+		return "connection to the agent lost"
+	case ev.Event == "shutdown":
+		return "agent shutting down"
+	}
+	return ev.Reason
+}
+
+// exitStatus turns the command's end into run's exit status: its own, or
+// 128+N when killed by signal N.
+func exitStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return exitError{128 + int(ws.Signal())}
+		}
+		return exitError{ee.ExitCode()}
+	}
+	return err
+}
