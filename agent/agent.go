@@ -95,8 +95,8 @@ type Agent struct {
 	queues   map[string]*queue // by name; present while it has waiters
 	waiters  int               // waiting acquires across every queue
 	sched    renewHeap
-	closing  bool // Run is shutting down: no new sessions or grants
-	degraded bool // the last renewal attempt failed with an unknown outcome
+	closing  bool      // Run is shutting down: no new sessions or grants
+	degraded bool      // the last renewal attempt failed with an unknown outcome
 	nextWake time.Time // when the scheduler wakes next unless kicked
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes

@@ -26,8 +26,8 @@ func TestMain(m *testing.M) {
 // embedded backend is the fake, and faults are injected around it.
 type faulty struct {
 	*memory.Backend
-	failRenew    atomic.Bool   // renewals fail with ErrUnavailable
-	acquireDelay atomic.Int64  // an acquire's answer takes this long
+	failRenew    atomic.Bool  // renewals fail with ErrUnavailable
+	acquireDelay atomic.Int64 // an acquire's answer takes this long
 	renewCalls   atomic.Int64
 	lastRenewOK  atomic.Int64 // when the last successful renewal was sent, in Unix ns
 }
