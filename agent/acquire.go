@@ -56,6 +56,9 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: a name is UTF-8", ErrInvalidName)
 	}
 	for _, r := range name {
+		if r > ' ' && r < 0x7f {
+			continue // printable ASCII, the common case
+		}
 		if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zs, unicode.Zl, unicode.Zp) {
 			return fmt.Errorf("%w: %U is not allowed in a name", ErrInvalidName, r)
 		}

@@ -34,6 +34,7 @@ type conn struct {
 	// held.
 	mu       sync.Mutex
 	out      [][]byte
+	spare    [][]byte // the other of two queues that drain swaps
 	outBytes int
 	held     [][]byte // events held back until the hello response is queued
 	holding  bool
@@ -185,14 +186,25 @@ func (c *conn) drain() {
 			c.mu.Unlock()
 			return
 		}
-		bufs := net.Buffers(c.out)
-		c.out, c.outBytes = nil, 0
+		batch := c.out
+		c.out, c.spare, c.outBytes = c.spare, nil, 0
 		c.mu.Unlock()
 
 		c.nc.SetWriteDeadline(time.Now().Add(c.srv.WriteTimeout))
-		if _, err := bufs.WriteTo(c.nc); err != nil {
+		var err error
+		if len(batch) == 1 {
+			_, err = c.nc.Write(batch[0])
+		} else {
+			bufs := net.Buffers(batch)
+			_, err = bufs.WriteTo(c.nc)
+		}
+		c.mu.Lock()
+		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's
+			clear(batch)
+			c.spare = batch[:0]
+		}
+		if err != nil {
 			c.log.Debug("write failed; connection closed", "error", err)
-			c.mu.Lock()
 			c.closed = true
 			c.nc.Close()
 			c.out, c.outBytes = nil, 0
@@ -200,6 +212,7 @@ func (c *conn) drain() {
 			c.mu.Unlock()
 			return
 		}
+		c.mu.Unlock()
 	}
 }
 
@@ -417,12 +430,18 @@ func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
 	return ar, nil
 }
 
-// acquire runs in its own goroutine, so that a waiting acquire never delays
-// the connection's other requests. It can be cancelled by its id.
+// acquire answers a try (wait_ms 0) at once, like the other ops. A waiting
+// acquire runs in its own goroutine, so that it never delays the
+// connection's other requests, and can be cancelled by its id.
 func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bool {
 	ar, err := c.parseAcquire(req)
 	if err != nil {
 		c.reply(id, nil, err)
+		return true
+	}
+	if ar.Wait == 0 {
+		res, err := c.sess.Acquire(ctx, ar)
+		c.replyAcquire(id, res, err)
 		return true
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -448,16 +467,20 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 			delete(c.pending, key)
 			c.mu.Unlock()
 		}
-		switch {
-		case err != nil:
-			c.reply(id, nil, err)
-		case res.Acquired:
-			c.reply(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(res.Lease)}, nil)
-		default:
-			c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
-		}
+		c.replyAcquire(id, res, err)
 	}()
 	return true
+}
+
+func (c *conn) replyAcquire(id json.RawMessage, res agent.AcquireResult, err error) {
+	switch {
+	case err != nil:
+		c.reply(id, nil, err)
+	case res.Acquired:
+		c.reply(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(res.Lease)}, nil)
+	default:
+		c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
+	}
 }
 
 func leaseArg(req *request) (string, error) {

@@ -33,7 +33,8 @@ func decodeRequest(line []byte, req *request) *decodeError {
 	if line[i] != '{' {
 		return errNotObject
 	}
-	var seen [][]byte
+	var seenBuf [24][]byte // requests have few keys: no allocation
+	seen := seenBuf[:0]
 	var typeErr *decodeError
 	i = skipSpace(line, i+1)
 	for line[i] != '}' {

@@ -1,11 +1,11 @@
 package socketapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend"
@@ -243,25 +243,85 @@ func encodeEvent(ev agent.Event) []byte {
 
 var nullID = json.RawMessage("null")
 
+// fieldsAppender is a result that writes its own JSON fields (each with a
+// leading comma): the results of the hottest ops, which skip reflection.
+type fieldsAppender interface {
+	appendFields(b []byte) []byte
+}
+
 // encodeOK builds {"id":ID,"ok":true,...result}.
 func encodeOK(id json.RawMessage, result any) []byte {
+	b := make([]byte, 0, 160)
+	b = append(b, `{"id":`...)
+	b = append(b, id...)
+	b = append(b, `,"ok":true`...)
+	if fa, ok := result.(fieldsAppender); ok {
+		return append(fa.appendFields(b), '}', '\n')
+	}
 	body, err := json.Marshal(result)
 	if err != nil || len(body) < 2 || body[0] != '{' {
 		panic("socketapi: result is not a JSON object") // results are this package's own types
 	}
-	var b bytes.Buffer
-	b.Grow(len(id) + len(body) + 16)
-	b.WriteString(`{"id":`)
-	b.Write(id)
-	b.WriteString(`,"ok":true`)
 	if len(body) > 2 {
-		b.WriteByte(',')
-		b.Write(body[1:])
+		b = append(b, ',')
+		b = append(b, body[1:]...)
 	} else {
-		b.WriteByte('}')
+		b = append(b, '}')
 	}
-	b.WriteByte('\n')
-	return b.Bytes()
+	return append(b, '\n')
+}
+
+func (r grantedResult) appendFields(b []byte) []byte {
+	b = append(b, `,"acquired":true,"lease":`...)
+	b = appendString(b, r.Lease)
+	b = append(b, `,"name":`...)
+	b = appendString(b, r.Name)
+	b = append(b, `,"mode":"`...)
+	b = append(b, r.Mode...)
+	b = append(b, `","scope":"`...)
+	b = append(b, r.Scope...)
+	b = append(b, `","token":`...)
+	b = strconv.AppendUint(b, r.Token, 10)
+	b = append(b, `,"ttl_ms":`...)
+	return strconv.AppendInt(b, r.TTLMs, 10)
+}
+
+func (r releaseResult) appendFields(b []byte) []byte {
+	return strconv.AppendBool(append(b, `,"released":`...), r.Released)
+}
+
+func (r pongResult) appendFields(b []byte) []byte {
+	return strconv.AppendBool(append(b, `,"pong":`...), r.Pong)
+}
+
+// appendString appends s as a JSON string, as encoding/json would (HTML
+// characters aside): invalid UTF-8 becomes U+FFFD.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < ' ':
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
 }
 
 func encodeError(id json.RawMessage, code, message string, lease *leaseJSON) []byte {

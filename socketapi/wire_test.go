@@ -2,6 +2,7 @@ package socketapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -130,4 +131,33 @@ func TestDecodeRequest(t *testing.T) {
 	assert.EqualValues(t, 2, *req.SessionTTLMs)
 	assert.EqualValues(t, 3, *req.HeartbeatMs)
 	assert.Equal(t, resumeArgs{"s", "t"}, *req.Resume)
+}
+
+// TestAppendString: the hand-written encoder reads back as encoding/json's.
+func TestAppendString(t *testing.T) {
+	for _, s := range []string{"", "orders/42", `q"uote\back`, "tab\tnl\n\x00\x1f", "é€𝄞", "bad\xff\xfeutf8", "\u2028<&>"} {
+		var got, want string
+		require.NoError(t, json.Unmarshal(appendString(nil, s), &got), "%q", s)
+		b, _ := json.Marshal(s)
+		require.NoError(t, json.Unmarshal(b, &want))
+		assert.Equal(t, want, got)
+	}
+}
+
+// TestEncodeOKFastPath: results that write their own fields give the same
+// JSON as reflection would.
+func TestEncodeOKFastPath(t *testing.T) {
+	for _, res := range []any{
+		grantedResult{Acquired: true, leaseJSON: leaseJSON{"l_1", "a\"b", "shared", "session", 1 << 52, 15000}},
+		releaseResult{Released: true},
+		pongResult{Pong: true},
+	} {
+		var fast, slow map[string]any
+		require.NoError(t, json.Unmarshal(encodeOK(json.RawMessage(`"x"`), res), &fast))
+		b, err := json.Marshal(res)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &slow))
+		slow["id"], slow["ok"] = "x", true
+		assert.Equal(t, slow, fast)
+	}
 }
