@@ -187,6 +187,9 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		q.waiters = append(q.waiters, w)
 		a.waiters++
 	}
+	if s.pending == nil {
+		s.pending = make(map[string]*waiter)
+	}
 	s.pending[req.Name] = w
 	a.mu.Unlock()
 	defer a.leave(w)

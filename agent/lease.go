@@ -90,6 +90,9 @@ func renewInterval(ttl time.Duration) time.Duration {
 // addLease records a grant. a.mu is held.
 func (a *Agent) addLease(l *lease) {
 	a.leases[l.id] = l
+	if l.session.leases == nil {
+		l.session.leases = make(map[string]*lease)
+	}
 	l.session.leases[l.name] = l
 	heap.Push(&a.sched, l)
 	if l.due().Before(a.nextWake) {

@@ -131,16 +131,14 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 		return nil, fmt.Errorf("%w: %d sessions", ErrLimitExceeded, a.cfg.MaxSessions)
 	}
 	s := &Session{
-		a:       a,
-		id:      newID("s_"),
-		token:   newID(""),
-		peer:    peer,
-		client:  opts.Client,
-		opened:  time.Now(),
-		ttl:     opts.SessionTTL,
-		conn:    conn,
-		leases:  make(map[string]*lease),
-		pending: make(map[string]*waiter),
+		a:      a,
+		id:     newID("s_"),
+		token:  newID(""),
+		peer:   peer,
+		client: opts.Client,
+		opened: time.Now(),
+		ttl:    opts.SessionTTL,
+		conn:   conn,
 	}
 	a.sessions[s.id] = s
 	return s, nil

@@ -63,7 +63,7 @@ func (c *conn) serve(ctx context.Context) {
 			if errors.Is(err, errLineTooLong) {
 				c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
 			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				c.log.Debug("heartbeat missed; connection dropped", "heartbeat", c.heartbeat)
+				c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
 			}
 			break
 		}
@@ -148,7 +148,7 @@ func (c *conn) enqueue(line []byte, inline bool) {
 		return
 	}
 	if c.outBytes+len(line) > c.srv.MaxQueueBytes {
-		c.log.Warn("slow consumer cut off", "pid", c.peer.PID, "queued_bytes", c.outBytes)
+		c.log.Warn("slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
 		c.closed = true
 		c.nc.Close()
 		c.mu.Unlock()
@@ -204,7 +204,7 @@ func (c *conn) drain() {
 			c.spare = batch[:0]
 		}
 		if err != nil {
-			c.log.Debug("write failed; connection closed", "error", err)
+			c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 			c.closed = true
 			c.nc.Close()
 			c.out, c.outBytes = nil, 0
@@ -228,7 +228,7 @@ func (c *conn) reply(id json.RawMessage, result any, err error) {
 func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 	code, known := errorCode(err)
 	if !known {
-		c.log.Error("internal error", "error", err)
+		c.log.Error("internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 		return encodeError(id, CodeInternal, "internal error", nil)
 	}
 	var ah *agent.AlreadyHeldError
@@ -453,6 +453,9 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 			cancel()
 			c.reply(id, nil, fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument))
 			return true
+		}
+		if c.pending == nil {
+			c.pending = make(map[string]context.CancelFunc)
 		}
 		c.pending[key] = cancel
 	}

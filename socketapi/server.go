@@ -86,14 +86,13 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			s.refuse(nc)
 			continue
 		}
-		c := &conn{srv: s, nc: nc, log: s.Logger, pending: make(map[string]context.CancelFunc)}
+		c := &conn{srv: s, nc: nc, log: s.Logger}
 		c.peer, err = peerOf(nc)
 		if err != nil {
 			s.Logger.Warn("connection refused", "error", err)
 			nc.Close()
 			continue
 		}
-		c.log = s.Logger.With("pid", c.peer.PID, "uid", c.peer.UID)
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
