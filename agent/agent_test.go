@@ -242,7 +242,7 @@ func TestSessionOutlivesConnectionForItsTTL(t *testing.T) {
 		defer stop()
 		c := &conn{}
 		peer := agent.Peer{UID: 1000}
-		s, err := a.Open(peer, agent.SessionOptions{SessionTTL: 30 * time.Second}, c)
+		s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, c)
 		require.NoError(t, err)
 		mustAcquire(t, s, agent.AcquireRequest{Name: "sess", Scope: agent.ScopeSession, TTL: time.Second})
 		mustAcquire(t, s, agent.AcquireRequest{Name: "conn", TTL: time.Second})
@@ -275,7 +275,7 @@ func TestShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: time.Minute}, c)
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: ptr(time.Minute)}, c)
 		require.NoError(t, err)
 		mustAcquire(t, s, agent.AcquireRequest{Name: "x", Scope: agent.ScopeSession})
 
@@ -306,3 +306,5 @@ func TestShutdown(t *testing.T) {
 		assert.Empty(t, info.Holders, "released at shutdown")
 	})
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -72,10 +72,11 @@ func (s Scope) String() string {
 	return "connection"
 }
 
-// SessionOptions are the arguments of hello.
+// SessionOptions are the arguments of hello. A nil field is "" or 0 for a
+// new session, and leaves a resumed session's value as it was.
 type SessionOptions struct {
-	Client     string
-	SessionTTL time.Duration // how long the session outlives its connection
+	Client     *string
+	SessionTTL *time.Duration // how long the session outlives its connection
 }
 
 // maxBacklog bounds the events kept for a detached session beyond one per
@@ -108,13 +109,23 @@ func (s *Session) ID() string { return s.id }
 func (s *Session) ResumeToken() string { return s.token }
 
 func validateSessionOptions(o SessionOptions) error {
-	if o.SessionTTL < 0 || o.SessionTTL > MaxSessionTTL {
+	if t := o.SessionTTL; t != nil && (*t < 0 || *t > MaxSessionTTL) {
 		return invalidArg("session_ttl_ms must be between 0 and %d", MaxSessionTTL.Milliseconds())
 	}
-	if len(o.Client) > maxClientLength || !utf8.ValidString(o.Client) {
+	if c := o.Client; c != nil && (len(*c) > maxClientLength || !utf8.ValidString(*c)) {
 		return invalidArg("client must be valid UTF-8 of at most %d bytes", maxClientLength)
 	}
 	return nil
+}
+
+// apply sets the options given on s. a.mu is held.
+func (o SessionOptions) apply(s *Session) {
+	if o.Client != nil {
+		s.client = *o.Client
+	}
+	if o.SessionTTL != nil {
+		s.ttl = *o.SessionTTL
+	}
 }
 
 // Open starts a session for peer and attaches conn to it.
@@ -135,11 +146,10 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 		id:     newID("s_"),
 		token:  newID(""),
 		peer:   peer,
-		client: opts.Client,
 		opened: time.Now(),
-		ttl:    opts.SessionTTL,
 		conn:   conn,
 	}
+	opts.apply(s)
 	a.sessions[s.id] = s
 	return s, nil
 }
@@ -171,8 +181,7 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		s.expiry = nil
 	}
 	s.peer = peer
-	s.client = opts.Client
-	s.ttl = opts.SessionTTL
+	opts.apply(s)
 	s.conn = conn
 	for _, ev := range s.backlog {
 		conn.Send(ev)

@@ -1,6 +1,7 @@
 package socketapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,8 +68,8 @@ func (c *conn) serve(ctx context.Context) {
 			}
 			break
 		}
-		if len(line) == 0 {
-			continue
+		if len(bytes.Trim(line, " \t")) == 0 {
+			continue // blank
 		}
 		if !c.handle(ctx, line) {
 			break
@@ -147,7 +148,9 @@ func (c *conn) enqueue(line []byte, inline bool) {
 		c.mu.Unlock()
 		return
 	}
-	if c.outBytes+len(line) > c.srv.MaxQueueBytes {
+	// The bound is on what waits unwritten, so that one large answer (a
+	// list of many sessions) still goes out to a reader that keeps up.
+	if c.outBytes > c.srv.MaxQueueBytes {
 		c.log.Warn("slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
 		c.closed = true
 		c.nc.Close()
@@ -277,7 +280,8 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		res, err := c.hello(&req)
 		c.reply(id, res, err)
 		c.releaseEvents()
-		return true
+		// Without a session the connection is of no use.
+		return !errors.Is(err, agent.ErrLimitExceeded)
 	}
 	op, known := ops[req.Op]
 	if !known {
@@ -313,19 +317,20 @@ func (c *conn) hello(req *request) (any, error) {
 	if req.Version != nil && *req.Version != 1 {
 		return nil, fmt.Errorf("%w: version must be 1", agent.ErrInvalidArgument)
 	}
-	opts := agent.SessionOptions{}
-	if req.Client != nil {
-		opts.Client = *req.Client
-	}
+	opts := agent.SessionOptions{Client: req.Client}
 	if req.SessionTTLMs != nil {
-		opts.SessionTTL = time.Duration(*req.SessionTTLMs) * time.Millisecond
-		if *req.SessionTTLMs < 0 || opts.SessionTTL > agent.MaxSessionTTL {
-			return nil, fmt.Errorf("%w: session_ttl_ms must be between 0 and %d", agent.ErrInvalidArgument, agent.MaxSessionTTL.Milliseconds())
+		ttl, err := millis("session_ttl_ms", req.SessionTTLMs)
+		if err != nil {
+			return nil, err
 		}
+		opts.SessionTTL = &ttl
 	}
 	var hb time.Duration
 	if req.HeartbeatMs != nil {
-		hb = time.Duration(*req.HeartbeatMs) * time.Millisecond
+		var err error
+		if hb, err = millis("heartbeat_ms", req.HeartbeatMs); err != nil {
+			return nil, err
+		}
 		if *req.HeartbeatMs != 0 && (*req.HeartbeatMs < agent.MinHeartbeat.Milliseconds() || hb > agent.MaxHeartbeat) {
 			return nil, fmt.Errorf("%w: heartbeat_ms must be 0 or between %d and %d", agent.ErrInvalidArgument, agent.MinHeartbeat.Milliseconds(), agent.MaxHeartbeat.Milliseconds())
 		}

@@ -268,7 +268,7 @@ func TestBye(t *testing.T) {
 func TestBlankLinesAndCRLF(t *testing.T) {
 	ta := startAgent(t)
 	r := ta.raw(t)
-	_, err := r.nc.Write([]byte("\n\r\n\n{\"id\":1,\"op\":\"ping\"}\r\n"))
+	_, err := r.nc.Write([]byte("\n\r\n \t\n\n{\"id\":1,\"op\":\"ping\"}\r\n"))
 	require.NoError(t, err)
 	m := r.recv()
 	assert.EqualValues(t, 1, m["id"])

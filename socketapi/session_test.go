@@ -64,7 +64,7 @@ func TestSessionScopeAndResume(t *testing.T) {
 func TestResumeKeepsLeases(t *testing.T) {
 	ta := startAgent(t)
 	a := ta.raw(t)
-	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000}`)
+	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000,"client":"keeper"}`)
 	s := a.ok(`{"id":2,"op":"acquire","name":"keep","scope":"session"}`)
 
 	// Resuming while the first connection is still attached closes it.
@@ -73,8 +73,14 @@ func TestResumeKeepsLeases(t *testing.T) {
 	a.requireClosed()
 	c := b.ok(fmt.Sprintf(`{"id":2,"op":"check","lease":%q}`, s["lease"]))
 	assert.Equal(t, true, c["held"])
-	// session_ttl_ms was not given again: 0, so the session ends with b.
-	b.ok(fmt.Sprintf(`{"id":3,"op":"release","lease":%q}`, s["lease"]))
+
+	// session_ttl_ms and client were not given again: they are kept, so the
+	// session outlives b as well.
+	b.nc.Close()
+	d := ta.raw(t)
+	d.ok(fmt.Sprintf(`{"id":1,"op":"hello","resume":{"session":%q,"token":%q}}`, h["session"], h["resume_token"]))
+	assert.Equal(t, "keeper", d.ok(`{"op":"list"}`)["sessions"].([]any)[0].(map[string]any)["client"])
+	d.ok(fmt.Sprintf(`{"id":3,"op":"release","lease":%q}`, s["lease"]))
 }
 
 func TestResumeRefused(t *testing.T) {
@@ -216,4 +222,29 @@ func pings(path string) bool {
 	}
 	line, err := bufio.NewReader(nc).ReadString('\n')
 	return err == nil && strings.Contains(line, `"pong":true`)
+}
+
+// TestLargeAnswerIsNotASlowConsumer: the output bound is on what waits
+// unwritten, not on the size of one answer.
+func TestLargeAnswerIsNotASlowConsumer(t *testing.T) {
+	ta := startAgent(t, func(o *options) { o.server.MaxQueueBytes = 4096 })
+	for i := 0; i < 40; i++ {
+		ta.raw(t).ok(fmt.Sprintf(`{"op":"acquire","name":"big/%d","meta":%q}`, i, strings.Repeat("m", 200)))
+	}
+	r := ta.raw(t)
+	r.send(`{"op":"list","all":true}`)
+	line, err := r.r.ReadString('\n')
+	require.NoError(t, err)
+	assert.Greater(t, len(line), 4096)
+	assert.Contains(t, line, `"ok":true`)
+	r.ok(`{"op":"ping"}`)
+}
+
+// TestHelloOverTheSessionCap closes the connection, like an implicit session would.
+func TestHelloOverTheSessionCap(t *testing.T) {
+	ta := startAgent(t, func(o *options) { o.agent.MaxSessions = 1 })
+	ta.raw(t).ok(`{"op":"hello"}`)
+	r := ta.raw(t)
+	r.fail(`{"op":"hello"}`, "limit_exceeded")
+	r.requireClosed()
 }
