@@ -35,6 +35,9 @@ type AcquireRequest struct {
 	TTL   time.Duration // 0: the default
 	Wait  time.Duration // 0: try once; > 0: wait up to Wait; WaitForever
 	Meta  string
+	// Granted, if set, is called with the new lease with the agent's lock
+	// held, before any event of the lease can be sent. It must not block.
+	Granted func(Lease)
 }
 
 // AcquireResult is the answer of acquire: a lease, or a denial with its
@@ -267,6 +270,17 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
 		ttl: req.TTL, meta: req.Meta, session: s, index: -1,
 	}
+	// Run waits for attempts in flight, so that a grant that lands during
+	// shutdown is released before the backend closes.
+	a.mu.Lock()
+	if a.closing {
+		a.mu.Unlock()
+		return nil, 0, ErrShuttingDown
+	}
+	a.wg.Add(1)
+	a.mu.Unlock()
+	defer a.wg.Done()
+
 	sent := time.Now()
 	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
@@ -277,6 +291,11 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 	case errors.As(err, &held):
 		return nil, held.RetryIn, nil
 	case err != nil:
+		// The grant may have been made all the same (an answer lost on
+		// the way): release it rather than leave the name blocked.
+		a.mu.Lock()
+		a.releaseLater([]*lease{l})
+		a.mu.Unlock()
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
 	now := time.Now()
@@ -306,6 +325,9 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 		return nil, 0, refuse
 	}
 	a.addLease(l)
+	if req.Granted != nil {
+		req.Granted(l.public())
+	}
 	return l, 0, nil
 }
 

@@ -96,7 +96,8 @@ type Agent struct {
 	waiters  int               // waiting acquires across every queue
 	sched    renewHeap
 	closing  bool      // Run is shutting down: no new sessions or grants
-	degraded bool      // the last renewal attempt failed with an unknown outcome
+	atRisk   int       // leases whose last renewal had an unknown outcome
+	degraded bool      // atRisk > 0, as last told to the sessions
 	nextWake time.Time // when the scheduler wakes next unless kicked
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,8 @@ type faulty struct {
 	acquireDelay atomic.Int64 // an acquire's answer takes this long
 	renewCalls   atomic.Int64
 	lastRenewOK  atomic.Int64 // when the last successful renewal was sent, in Unix ns
+	lostAnswer   atomic.Bool  // an acquire is applied, but its answer lost
+	failPrefix   atomic.Value // string: renewals of names with it fail
 }
 
 func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
@@ -42,12 +45,23 @@ func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error
 		return errs
 	}
 	f.lastRenewOK.Store(time.Now().UnixNano())
-	return f.Backend.Renew(ctx, reqs)
+	errs := f.Backend.Renew(ctx, reqs)
+	if p, _ := f.failPrefix.Load().(string); p != "" {
+		for i, r := range reqs {
+			if strings.HasPrefix(r.Name, p) {
+				errs[i] = backend.ErrUnavailable
+			}
+		}
+	}
+	return errs
 }
 
 func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
 	g, err := f.Backend.Acquire(ctx, req)
 	time.Sleep(time.Duration(f.acquireDelay.Load()))
+	if err == nil && f.lostAnswer.Load() {
+		return backend.Grant{}, backend.ErrUnavailable
+	}
 	return g, err
 }
 
@@ -308,3 +322,68 @@ func TestShutdown(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestUnknownOutcomeIsReleased: an acquire whose answer was lost may have
+// been granted; the agent releases it rather than leave the name blocked.
+func TestUnknownOutcomeIsReleased(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		f.lostAnswer.Store(true)
+		_, err = s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", TTL: time.Hour})
+		require.ErrorIs(t, err, backend.ErrUnavailable)
+		f.lostAnswer.Store(false)
+		synctest.Wait()
+		info, err := f.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		assert.Empty(t, info.Holders)
+	})
+}
+
+// TestShutdownWaitsForGrantsInFlight: a grant that lands while the agent
+// shuts down is released before Run returns.
+func TestShutdownWaitsForGrantsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		f.acquireDelay.Store(int64(200 * time.Millisecond))
+		errc := make(chan error, 1)
+		go func() {
+			_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n"})
+			errc <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		stop() // returns only once the attempt has ended
+		info, err := f.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		assert.Empty(t, info.Holders, "released before Run returned")
+		assert.ErrorIs(t, <-errc, agent.ErrShuttingDown)
+	})
+}
+
+// TestDegradedDoesNotFlap: while any lease's renewals fail the backend is
+// degraded, whatever other batches do; ok comes when none fails.
+func TestDegradedDoesNotFlap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		f.failPrefix.Store("bad")
+		mustAcquire(t, s, agent.AcquireRequest{Name: "bad", TTL: 30 * time.Second})
+		time.Sleep(777 * time.Millisecond)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "good", TTL: 30 * time.Second})
+		time.Sleep(20 * time.Second)
+		f.failPrefix.Store("")
+		time.Sleep(time.Minute)
+		var states []string
+		for _, e := range c.got() {
+			states = append(states, e.Kind+":"+e.State)
+		}
+		assert.Equal(t, []string{"backend:degraded", "backend:ok"}, states)
+	})
+}

@@ -113,6 +113,9 @@ func (a *Agent) dropLease(l *lease) {
 	if l.index >= 0 {
 		heap.Remove(&a.sched, l.index)
 	}
+	if l.atRisk {
+		a.atRisk-- // l keeps its flag: lose reads it for the reason
+	}
 	a.wakeQueue(l.name)
 }
 
@@ -144,6 +147,10 @@ func (a *Agent) kickScheduler() {
 	}
 }
 
+// coalesce is the share of its TTL by which a lease's renewal may be sent
+// early, to go in the same batch as others due about then.
+const coalesce = 30
+
 // scheduleLoop renews leases as they fall due, in batches, and loses those
 // whose local deadline passes, until ctx is done.
 func (a *Agent) scheduleLoop(ctx context.Context) {
@@ -152,12 +159,9 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 	for {
 		a.mu.Lock()
 		now := time.Now()
-		var batch []*lease
+		var healthy, atRisk []*lease
 		for len(a.sched) > 0 {
 			l := a.sched[0]
-			if l.due().After(now) {
-				break
-			}
 			if !now.Before(l.validUntil) {
 				reason := ReasonExpired
 				if l.atRisk {
@@ -166,9 +170,20 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 				a.lose(l, reason)
 				continue
 			}
+			early := l.ttl / coalesce
+			if l.atRisk {
+				early = 0 // retried on their own schedule, never sooner
+			}
+			if l.renewing || l.nextRenew.After(now.Add(early)) {
+				break
+			}
 			l.renewing = true
 			heap.Fix(&a.sched, 0)
-			batch = append(batch, l)
+			if l.atRisk {
+				atRisk = append(atRisk, l)
+			} else {
+				healthy = append(healthy, l)
+			}
 		}
 		wait := time.Hour
 		if len(a.sched) > 0 {
@@ -177,12 +192,16 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		a.nextWake = now.Add(wait)
 		a.mu.Unlock()
 
-		if len(batch) > 0 {
-			a.wg.Add(1)
-			go func() {
-				defer a.wg.Done()
-				a.renew(ctx, batch)
-			}()
+		// Leases at risk have near deadlines, and their batch is bounded
+		// by them: they go apart, so as not to cut the others' short.
+		for _, batch := range [][]*lease{healthy, atRisk} {
+			if len(batch) > 0 {
+				a.wg.Add(1)
+				go func() {
+					defer a.wg.Done()
+					a.renew(ctx, batch)
+				}()
+			}
 		}
 		timer.Reset(wait)
 		select {
@@ -211,11 +230,13 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	sent := time.Now()
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
+	if ctx.Err() != nil {
+		return // shutting down: every lease is being released
+	}
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	failed := false
 	for i, l := range batch {
 		if a.leases[l.id] != l {
 			continue // released or lost meanwhile
@@ -235,13 +256,15 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 		case err == nil:
 			l.validUntil = sent.Add(l.ttl - a.margin(l.ttl))
 			l.nextRenew = sent.Add(renewInterval(l.ttl))
-			l.atRisk = false
+			a.setAtRisk(l, false)
+		case errors.Is(err, backend.ErrTakenOver):
+			a.lose(l, ReasonTakenOver)
+			continue
 		case errors.Is(err, backend.ErrNotHeld):
 			a.lose(l, ReasonExpired)
 			continue
 		default:
-			failed = true
-			l.atRisk = true
+			a.setAtRisk(l, true)
 			l.nextRenew = now.Add(l.ttl / 10)
 			if l.nextRenew.After(l.validUntil) {
 				l.nextRenew = l.validUntil
@@ -250,12 +273,26 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 		}
 		heap.Fix(&a.sched, l.index)
 	}
-	a.setDegraded(failed)
+	a.setDegraded(a.atRisk > 0)
 	a.kickScheduler()
 }
 
+// setAtRisk records whether the last renewal of l had an unknown outcome,
+// and keeps count of the leases at risk. a.mu is held.
+func (a *Agent) setAtRisk(l *lease, risk bool) {
+	if l.atRisk == risk {
+		return
+	}
+	l.atRisk = risk
+	if risk {
+		a.atRisk++
+	} else {
+		a.atRisk--
+	}
+}
+
 // setDegraded tells every session with leases when renewals start failing
-// and when they recover. a.mu is held.
+// (a lease is at risk) and when they recover (none is). a.mu is held.
 func (a *Agent) setDegraded(failed bool) {
 	if failed == a.degraded {
 		return

@@ -23,6 +23,9 @@ var (
 	ErrHeld = errors.New("backend: held")
 	// ErrNotHeld: the lease is not (or no longer) held by that lease id.
 	ErrNotHeld = errors.New("backend: not held")
+	// ErrTakenOver: the lease is gone and another lease holds the name
+	// now. It wraps ErrNotHeld.
+	ErrTakenOver = fmt.Errorf("%w: taken over", ErrNotHeld)
 	// ErrForeignKey: the lock's storage holds data this agent did not write.
 	// It is never overwritten.
 	ErrForeignKey = errors.New("backend: foreign key")
@@ -126,7 +129,8 @@ type Backend interface {
 	// Renew extends a batch of leases in as few round trips as the backend
 	// can. The result has one error per request, in order: nil when renewed,
 	// ErrNotHeld when the lease is gone (authoritative: it will never be
-	// renewed again), anything else when the outcome is unknown.
+	// renewed again; ErrTakenOver when the backend can tell that another
+	// lease holds the name), anything else when the outcome is unknown.
 	Renew(ctx context.Context, reqs []RenewRequest) []error
 	// Release ends a lease. ErrNotHeld when that lease id does not hold it.
 	Release(ctx context.Context, l Lease) error

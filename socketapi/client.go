@@ -18,10 +18,13 @@ type Client struct {
 	nc     net.Conn
 	events chan Event
 
-	mu      sync.Mutex // guards writes, nextID and pending
+	wmu     sync.Mutex // serializes writes
+	mu      sync.Mutex // guards nextID, pending and err; never held while writing
 	nextID  int64
 	pending map[string]chan response
-	err     error // why the connection ended
+	err     error         // why the connection ended
+	closing chan struct{} // closed by Close: stop delivering events
+	once    sync.Once
 	done    chan struct{}
 }
 
@@ -64,7 +67,8 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", path, err)
 	}
-	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]chan response), done: make(chan struct{})}
+	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]chan response),
+		closing: make(chan struct{}), done: make(chan struct{})}
 	go c.read()
 	return c, nil
 }
@@ -75,8 +79,9 @@ func (c *Client) Events() <-chan Event { return c.events }
 // Done is closed when the connection has ended.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
-// Close closes the connection.
+// Close closes the connection, whether or not Events was drained.
 func (c *Client) Close() error {
+	c.once.Do(func() { close(c.closing) })
 	err := c.nc.Close()
 	<-c.done
 	return err
@@ -99,7 +104,10 @@ func (c *Client) read() {
 		if head.Event != "" {
 			var ev Event
 			if json.Unmarshal(line, &ev) == nil {
-				c.events <- ev
+				select {
+				case c.events <- ev:
+				case <-c.closing:
+				}
 			}
 			continue
 		}
@@ -142,8 +150,10 @@ func (c *Client) Call(ctx context.Context, op string, args any, result any) erro
 		return err
 	}
 	c.pending[id] = ch
-	_, err = c.nc.Write(line)
 	c.mu.Unlock()
+	c.wmu.Lock()
+	_, err = c.nc.Write(line)
+	c.wmu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}

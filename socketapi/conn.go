@@ -42,18 +42,26 @@ type conn struct {
 	writing  bool // a goroutine is draining out; it is the only writer
 	closing  bool // close once out is drained
 	closed   bool
-	pending  map[string]context.CancelFunc // cancellable requests by id key
+	pending  map[string]*pendingReq // cancellable requests by id key
 	writerWG sync.WaitGroup
 	reqWG    sync.WaitGroup // request goroutines
+
+	// end ends the connection's context, and with it every request in
+	// flight: when the connection ends, and when the agent closes it (its
+	// session ended, or another connection resumed it).
+	end context.CancelFunc
+}
+
+// pendingReq is a waiting acquire that cancel can name.
+type pendingReq struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed once the acquire is answered
 }
 
 // serve runs the connection until it ends, and returns once every
 // goroutine it started has finished.
+// ctx is the connection's own (see cancel).
 func (c *conn) serve(ctx context.Context) {
-	// Requests end with their connection, not with the server's context:
-	// at shutdown the agent answers them itself.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
 	lr := newLineReader(c.nc, c.srv.MaxLineBytes)
 	for {
 		if c.heartbeat > 0 {
@@ -68,6 +76,9 @@ func (c *conn) serve(ctx context.Context) {
 			}
 			break
 		}
+		if ctx.Err() != nil {
+			break // closed by the agent: what was read is not its session's any more
+		}
 		if len(bytes.Trim(line, " \t")) == 0 {
 			continue // blank
 		}
@@ -75,18 +86,14 @@ func (c *conn) serve(ctx context.Context) {
 			break
 		}
 	}
-	// The connection is gone: abandon its pending requests, release its
-	// connection-scoped leases, then flush and close.
-	c.mu.Lock()
-	for _, cancelReq := range c.pending {
-		cancelReq()
-	}
-	c.mu.Unlock()
-	cancel()
-	c.reqWG.Wait()
+	// The connection is gone: abandon its pending requests, detach it so
+	// that events go to the session's backlog and its connection-scoped
+	// leases are released, then flush and close.
+	c.end()
 	if c.sess != nil {
 		c.sess.Detach(c)
 	}
+	c.reqWG.Wait()
 	c.Close()
 	c.writerWG.Wait()
 }
@@ -128,12 +135,24 @@ func (c *conn) releaseEvents() {
 // Close closes the connection once what is queued is written; part of
 // agent.Conn. It does not block.
 func (c *conn) Close() {
+	c.end()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closing = true
 	if !c.writing && !c.closed {
 		c.closed = true
 		c.nc.Close()
+	}
+}
+
+// queue adds a line to the output queue without writing it: the caller
+// has the agent's lock and calls enqueue(nil, true) once it is released.
+func (c *conn) queue(line []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.out = append(c.out, line)
+		c.outBytes += len(line)
 	}
 }
 
@@ -444,6 +463,11 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		c.reply(id, nil, err)
 		return true
 	}
+	// The grant is queued with the agent's lock held, so that it goes out
+	// before any event of the new lease.
+	ar.Granted = func(l agent.Lease) {
+		c.queue(encodeOK(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(l)}))
+	}
 	if ar.Wait == 0 {
 		res, err := c.sess.Acquire(ctx, ar)
 		c.replyAcquire(id, res, err)
@@ -451,6 +475,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	key, cancellable := idKey(id)
+	p := &pendingReq{cancel: cancel, done: make(chan struct{})}
 	c.mu.Lock()
 	if cancellable {
 		if _, dup := c.pending[key]; dup {
@@ -460,9 +485,9 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 			return true
 		}
 		if c.pending == nil {
-			c.pending = make(map[string]context.CancelFunc)
+			c.pending = make(map[string]*pendingReq)
 		}
-		c.pending[key] = cancel
+		c.pending[key] = p
 	}
 	c.mu.Unlock()
 	c.reqWG.Add(1)
@@ -472,20 +497,24 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		res, err := c.sess.Acquire(ctx, ar)
 		if cancellable {
 			c.mu.Lock()
-			delete(c.pending, key)
+			if c.pending[key] == p {
+				delete(c.pending, key)
+			}
 			c.mu.Unlock()
 		}
 		c.replyAcquire(id, res, err)
+		close(p.done)
 	}()
 	return true
 }
 
+// replyAcquire answers an acquire; a grant is already queued (Granted).
 func (c *conn) replyAcquire(id json.RawMessage, res agent.AcquireResult, err error) {
 	switch {
 	case err != nil:
 		c.reply(id, nil, err)
 	case res.Acquired:
-		c.reply(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(res.Lease)}, nil)
+		c.enqueue(nil, true)
 	default:
 		c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
 	}
@@ -568,17 +597,20 @@ func (c *conn) cancel(_ context.Context, id json.RawMessage, req *request) bool 
 		return true
 	}
 	key, ok := idKey(req.Target)
-	var cancelReq context.CancelFunc
+	var p *pendingReq
 	if ok {
 		c.mu.Lock()
-		cancelReq = c.pending[key]
+		p = c.pending[key]
 		delete(c.pending, key)
 		c.mu.Unlock()
 	}
-	if cancelReq != nil {
-		cancelReq()
+	if p != nil {
+		// Answer once the acquire has been: its canceled error comes
+		// first, and its name is free for the session again.
+		p.cancel()
+		<-p.done
 	}
-	c.reply(id, cancelResult{Canceled: cancelReq != nil}, nil)
+	c.reply(id, cancelResult{Canceled: p != nil}, nil)
 	return true
 }
 

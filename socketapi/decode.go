@@ -33,19 +33,35 @@ func decodeRequest(line []byte, req *request) *decodeError {
 	if line[i] != '{' {
 		return errNotObject
 	}
-	var seenBuf [24][]byte // requests have few keys: no allocation
+	// Requests have few keys: a short list, without allocation; a map
+	// past it, so that a line of many keys costs linear time.
+	var seenBuf [16][]byte
 	seen := seenBuf[:0]
+	var seenMap map[string]struct{}
 	var typeErr *decodeError
 	i = skipSpace(line, i+1)
 	for line[i] != '}' {
 		keyEnd := stringEnd(line, i)
 		key := unquote(line[i:keyEnd])
-		for _, k := range seen {
-			if bytes.Equal(k, key) {
-				return &decodeError{CodeBadRequest, fmt.Sprintf("key %q appears twice", key)}
+		if seenMap == nil && len(seen) == cap(seen) {
+			seenMap = make(map[string]struct{}, 2*len(seen))
+			for _, k := range seen {
+				seenMap[string(k)] = struct{}{}
 			}
 		}
-		seen = append(seen, key)
+		dup := false
+		if seenMap != nil {
+			_, dup = seenMap[string(key)]
+			seenMap[string(key)] = struct{}{}
+		} else {
+			for _, k := range seen {
+				dup = dup || bytes.Equal(k, key)
+			}
+			seen = append(seen, key)
+		}
+		if dup {
+			return &decodeError{CodeBadRequest, fmt.Sprintf("key %q appears twice", key)}
+		}
 		i = skipSpace(line, keyEnd)
 		i = skipSpace(line, i+1) // the colon
 		end := valueEnd(line, i)

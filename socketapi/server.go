@@ -65,20 +65,26 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	defer stop()
 
 	var err error
+	var backoff time.Duration
 	for {
 		var nc *net.UnixConn
 		nc, err = ln.AcceptUnix()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				err = nil
 				break
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			// Out of descriptors, or another passing failure: keep serving
+			// the connections there are, and try again a little later.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.Logger.Warn("accept failed; retrying", "error", err, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
 			}
-			break
+			continue
 		}
+		backoff = 0
 		mu.Lock()
 		full := len(conns) >= s.MaxConns
 		mu.Unlock()
@@ -86,7 +92,10 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			s.refuse(nc)
 			continue
 		}
-		c := &conn{srv: s, nc: nc, log: s.Logger}
+		// Requests end with their connection, not with the server's
+		// context: at shutdown the agent answers them itself.
+		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c := &conn{srv: s, nc: nc, log: s.Logger, end: cancel}
 		c.peer, err = peerOf(nc)
 		if err != nil {
 			s.Logger.Warn("connection refused", "error", err)
@@ -99,7 +108,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.serve(ctx)
+			c.serve(cctx)
 			mu.Lock()
 			delete(conns, c)
 			mu.Unlock()

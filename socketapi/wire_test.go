@@ -112,6 +112,18 @@ func TestDecodeRequest(t *testing.T) {
 		assert.Equal(t, want, err.code+": "+err.msg, line)
 	}
 
+	// Many keys, a duplicate among the last.
+	var b strings.Builder
+	b.WriteString(`{"op":"ping"`)
+	for i := 0; i < 5000; i++ {
+		fmt.Fprintf(&b, `,"k%d":1`, i)
+	}
+	var many request
+	assert.Nil(t, decodeRequest([]byte(b.String()+"}"), &many))
+	err := decodeRequest([]byte(b.String()+`,"k4999":2}`), &many)
+	require.NotNil(t, err)
+	assert.Equal(t, `key "k4999" appears twice`, err.msg)
+
 	var req request
 	require.Nil(t, decodeRequest([]byte(`{"id":"x","op":"acquire","name":"a\tb","mode":"shared","limit":3,"scope":"session","ttl_ms":1000,"wait_ms":-1,"meta":"m","lease":"l","all":true,"target":5,"version":1,"client":"c","session_ttl_ms":2,"heartbeat_ms":3,"resume":{"session":"s","token":"t"}}`), &req))
 	assert.Equal(t, `"x"`, string(req.ID))
