@@ -15,7 +15,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
-	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/config"
 	"github.com/lockagent/lockagent/socketapi"
 )
@@ -82,7 +81,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b, err := memory.Open(cfg.StateDir)
+	b, err := openBackend(ctx, cfg, log.Named("backend"))
 	if err != nil {
 		ln.Close()
 		return err
@@ -169,14 +168,10 @@ func watchdog(ctx context.Context) {
 }
 
 // checkSupported refuses what this build of the agent cannot do, rather
-// than run without it: a backend other than memory, and ACL rules and admin
-// groups, which the agent does not enforce yet. An ACL silently ignored
-// would let every peer lock every name.
+// than run without it: ACL rules and admin groups, which the agent does not
+// enforce yet. An ACL silently ignored would let every peer lock every name.
 func checkSupported(cfg config.Config) error {
 	var errs []error
-	if cfg.Backend.Kind != "memory" {
-		errs = append(errs, fmt.Errorf("backend %q is not available in this build", cfg.Backend.Kind))
-	}
 	if a := cfg.ACL; a != nil {
 		if len(a.Rules) > 0 {
 			errs = append(errs, errors.New("acl: rules are not enforced by this build; refusing to run without them"))

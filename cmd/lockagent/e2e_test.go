@@ -732,12 +732,24 @@ func TestAdminUIDs(t *testing.T) {
 	}
 }
 
+// TestRedisUnreachable: an agent whose Redis cannot be reached exits 1 and
+// leaves no socket behind.
+func TestRedisUnreachable(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	e.writeConfig(t, "backend \"redis\" {\n  addresses = [\"127.0.0.1:1\"]\n}\n")
+	a := e.spawn(t)
+	require.Equal(t, 1, a.wait(t, exitTimeout), "the agent's exit status")
+	require.Contains(t, a.stderr.String(), "redis")
+	_, err := os.Lstat(e.socket)
+	require.ErrorIs(t, err, os.ErrNotExist, "no socket is left behind")
+}
+
 func TestUnsupportedConfigIsRefused(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, hcl, msg string }{
 		{"acl rules", "acl {\n  rule \"orders/*\" {\n    uids = [4242]\n  }\n}\n", "acl: rules"},
 		{"admin groups", "acl {\n  admin_groups = [\"0\"]\n}\n", "acl.admin_groups"},
-		{"redis", "backend \"redis\" {\n  addresses = [\"127.0.0.1:6379\"]\n}\n", `backend "redis"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newAgentEnv(t)

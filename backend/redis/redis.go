@@ -1,0 +1,321 @@
+// Package redis is the backend that lets a fleet of hosts share one lock
+// space: every host's agent points at one Redis (standalone, Sentinel or
+// Cluster, through go-redis's UniversalClient), and each operation is one
+// Lua script, atomic on the server.
+//
+// A name's keys share one hash tag, so Cluster keeps them in one slot.
+// Fencing tokens are max(last + 1, server time in µs), so they keep
+// increasing even when Redis loses its data (a restart without
+// persistence, a failover before replication) as long as the servers'
+// clocks do not run backwards. Releases publish on a channel that waiters
+// on every agent subscribe to. The package knows nothing of sessions or
+// sockets.
+package redis
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// Options configure a Backend.
+type Options struct {
+	// Client is the connection to Redis; the Backend closes it.
+	Client goredis.UniversalClient
+	// KeyPrefix starts every key; default "lockagent".
+	KeyPrefix string
+	// FenceTTL is how long a name's last token is kept after its last
+	// grant; default 30 days. Tokens stay monotonic after it expires,
+	// through the time floor.
+	FenceTTL time.Duration
+	Logger   hclog.Logger
+}
+
+// Backend stores locks in Redis. Create it with Open.
+type Backend struct {
+	c        goredis.UniversalClient
+	prefix   string
+	fenceTTL time.Duration
+	log      hclog.Logger
+	w        *watches
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// Open connects, loads the scripts and checks the server's settings: it
+// warns when an eviction policy could drop lock keys, and says which
+// persistence the server runs with.
+func Open(ctx context.Context, o Options) (*Backend, error) {
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "lockagent"
+	}
+	if o.FenceTTL == 0 {
+		o.FenceTTL = 30 * 24 * time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger}
+	if err := b.loadScripts(ctx); err != nil {
+		o.Client.Close()
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	b.checkServer(ctx)
+	b.w = newWatches(b.c, b.log)
+	return b, nil
+}
+
+// Name is "redis".
+func (b *Backend) Name() string { return "redis" }
+
+// loadScripts loads every script on every primary, so that pipelined
+// EVALSHA, which cannot fall back to EVAL, finds them.
+func (b *Backend) loadScripts(ctx context.Context) error {
+	load := func(ctx context.Context, c goredis.Scripter) error {
+		for _, s := range scripts {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("loading scripts: %w", err)
+			}
+		}
+		return nil
+	}
+	if cc, ok := b.c.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, b.c)
+}
+
+// checkServer logs what the server's configuration means for the locks.
+func (b *Backend) checkServer(ctx context.Context) {
+	policy, err := b.c.ConfigGet(ctx, "maxmemory-policy").Result()
+	switch {
+	case err != nil:
+		b.log.Warn("cannot read maxmemory-policy; make sure it is noeviction", "error", err)
+	case policy["maxmemory-policy"] != "noeviction":
+		b.log.Warn("maxmemory-policy is not noeviction: Redis may evict lock keys, and a lease would be lost", "policy", policy["maxmemory-policy"])
+	}
+	info, err := b.c.Info(ctx, "persistence").Result()
+	if err != nil {
+		b.log.Warn("cannot read persistence settings", "error", err)
+		return
+	}
+	aof := infoField(info, "aof_enabled") == "1"
+	b.log.Info("redis persistence", "aof", aof, "rdb_last_save", infoField(info, "rdb_last_save_time"))
+	if !aof {
+		b.log.Warn("redis runs without AOF: a restart loses every lease (fencing tokens still increase)")
+	}
+}
+
+func infoField(info, key string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// keys of a name. The name is the hash tag unless it holds a brace, which
+// would end the tag early; then a digest of it is.
+type keys struct {
+	x, r, t, f, c string
+}
+
+func (b *Backend) keys(name string) keys {
+	tag := name
+	if strings.ContainsAny(name, "{}") {
+		sum := sha256.Sum256([]byte(name))
+		tag = "#" + hex.EncodeToString(sum[:16])
+	}
+	base := b.prefix + ":lk:{" + tag + "}"
+	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", c: base + ":c"}
+}
+
+func modeArg(m backend.Mode) string {
+	if m == backend.Shared {
+		return "s"
+	}
+	return "x"
+}
+
+// ErrOtherMode is returned by Acquire when the lease id already holds the
+// name in the other mode: a caller's mistake, as lease ids are unique.
+var ErrOtherMode = errors.New("redis: lease id holds the name in the other mode")
+
+// Acquire makes one attempt; see backend.Backend.
+func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
+	if req.TTL <= 0 {
+		return backend.Grant{}, fmt.Errorf("redis: acquire %q: ttl must be positive", req.Name)
+	}
+	k := b.keys(req.Name)
+	res, err := acquireScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.f},
+		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds()).Slice()
+	if err != nil {
+		return backend.Grant{}, b.fail("acquire", req.Name, err)
+	}
+	code, _ := res[0].(int64)
+	switch code {
+	case 1:
+		tok, _ := res[1].(int64)
+		return backend.Grant{Token: uint64(tok)}, nil
+	case 0:
+		ms, _ := res[1].(int64)
+		return backend.Grant{}, &backend.HeldError{RetryIn: max(time.Duration(ms)*time.Millisecond, time.Millisecond)}
+	case -1:
+		return backend.Grant{}, fmt.Errorf("acquire %q: %w", req.Name, ErrOtherMode)
+	default:
+		key, _ := res[1].(string)
+		return backend.Grant{}, fmt.Errorf("acquire %q: %w: %s", req.Name, backend.ErrForeignKey, key)
+	}
+}
+
+// fail wraps an error of Redis: a cancelled request stays a cancellation,
+// anything else means the outcome is unknown.
+func (b *Backend) fail(op, name string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("redis: %s %q: %w", op, name, err)
+	}
+	if errors.Is(err, goredis.ErrClosed) {
+		return fmt.Errorf("redis: %s %q: %w", op, name, backend.ErrClosed)
+	}
+	return fmt.Errorf("redis: %s %q: %w: %v", op, name, backend.ErrUnavailable, err)
+}
+
+// renewChunk bounds one pipeline, so that a large batch does not hold a
+// connection for long nor build one huge reply.
+const renewChunk = 1000
+
+// Renew extends a batch in one pipelined round trip per chunk (per node
+// on Cluster).
+func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
+	errs := make([]error, len(reqs))
+	for start := 0; start < len(reqs); start += renewChunk {
+		end := min(start+renewChunk, len(reqs))
+		b.renewChunk(ctx, reqs[start:end], errs[start:end])
+	}
+	return errs
+}
+
+func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
+	run := func(idx []int, eval func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd) []*goredis.Cmd {
+		cmds := make([]*goredis.Cmd, len(idx))
+		p := b.c.Pipeline()
+		for j, i := range idx {
+			r := reqs[i]
+			k := b.keys(r.Name)
+			cmds[j] = eval(p, []string{k.x, k.r, k.t}, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
+		}
+		p.Exec(ctx) // each command carries its own error
+		return cmds
+	}
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
+	}
+	cmds := run(all, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
+		return renewScript.EvalSha(ctx, p, k, args...)
+	})
+	var again []int
+	for j, c := range cmds {
+		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, all[j])
+			continue
+		}
+		errs[all[j]] = b.renewResult(reqs[all[j]], c)
+	}
+	if len(again) == 0 {
+		return
+	}
+	// The server lost its scripts (a restart, a failover): load them and
+	// send again what failed; a renewal is idempotent.
+	if err := b.loadScripts(ctx); err != nil {
+		for _, i := range again {
+			errs[i] = b.fail("renew", reqs[i].Name, err)
+		}
+		return
+	}
+	cmds = run(again, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
+		return renewScript.Eval(ctx, p, k, args...)
+	})
+	for j, c := range cmds {
+		errs[again[j]] = b.renewResult(reqs[again[j]], c)
+	}
+}
+
+func (b *Backend) renewResult(r backend.RenewRequest, c *goredis.Cmd) error {
+	v, err := c.Int64()
+	switch {
+	case err != nil:
+		return b.fail("renew", r.Name, err)
+	case v == 1:
+		return nil
+	case v == 2:
+		return fmt.Errorf("renew %q: %w", r.Name, backend.ErrTakenOver)
+	default:
+		return fmt.Errorf("renew %q: %w", r.Name, backend.ErrNotHeld)
+	}
+}
+
+// Release ends a lease and wakes the waiters of its name.
+func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+	k := b.keys(l.Name)
+	v, err := releaseScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.c}, l.LeaseID, modeArg(l.Mode)).Int64()
+	if err != nil {
+		return b.fail("release", l.Name, err)
+	}
+	if v != 1 {
+		return fmt.Errorf("release %q: %w", l.Name, backend.ErrNotHeld)
+	}
+	return nil
+}
+
+// Inspect reports the live holders of a name and its last token.
+func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
+	k := b.keys(name)
+	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f}).Slice()
+	if err != nil {
+		return backend.LockInfo{}, b.fail("inspect", name, err)
+	}
+	info := backend.LockInfo{Holders: []backend.Holder{}}
+	last, _ := res[0].(int64)
+	info.LastToken = uint64(last)
+	mode := backend.Exclusive
+	if m, _ := res[1].(string); m == "s" {
+		mode = backend.Shared
+	}
+	for i := 2; i+4 < len(res); i += 5 {
+		h := backend.Holder{Mode: mode}
+		h.LeaseID, _ = res[i].(string)
+		tok, _ := res[i+1].(int64)
+		h.Token = uint64(tok)
+		h.Host, _ = res[i+2].(string)
+		h.Meta, _ = res[i+3].(string)
+		ms, _ := res[i+4].(int64)
+		h.ExpiresIn = time.Duration(ms) * time.Millisecond
+		info.Holders = append(info.Holders, h)
+	}
+	return info, nil
+}
+
+// Watch subscribes to the name's release channel; see backend.Backend.
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	return b.w.watch(ctx, b.keys(name).c)
+}
+
+// Close closes the subscription and the client.
+func (b *Backend) Close() error {
+	b.w.close()
+	if err := b.c.Close(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}

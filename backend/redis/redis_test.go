@@ -1,0 +1,225 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/backendtest"
+	"github.com/lockagent/lockagent/backend/redis"
+	"github.com/lockagent/lockagent/internal/redistest"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func open(t *testing.T, c goredis.UniversalClient, prefix string) *redis.Backend {
+	t.Helper()
+	b, err := redis.Open(context.Background(), redis.Options{Client: c, KeyPrefix: prefix})
+	require.NoError(t, err)
+	return b
+}
+
+// TestConformance: the Redis backend passes the suite the memory backend
+// passes, on a standalone server.
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	n := 0
+	backendtest.Run(t, func(t *testing.T) backend.Backend {
+		n++
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		b := open(t, c, fmt.Sprintf("t%d", n))
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+}
+
+func newClient(addr string) *goredis.Client {
+	return goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+}
+
+func grant(t *testing.T, b backend.Backend, name, id string, mode backend.Mode) uint64 {
+	t.Helper()
+	g, err := b.Acquire(context.Background(), backend.AcquireRequest{Name: name, LeaseID: id, Mode: mode, TTL: 10 * time.Second})
+	require.NoError(t, err)
+	return g.Token
+}
+
+// TestForeignKeyIsNeverOverwritten: data at a lock's keys that lockagent
+// did not write is reported, naming the key, and left alone.
+func TestForeignKeyIsNeverOverwritten(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rc := srv.Client(t)
+	b := open(t, newClient(srv.Addr()), "fk")
+	defer b.Close()
+	ctx := context.Background()
+	for key, write := range map[string]func() error{
+		"fk:lk:{a}":   func() error { return rc.Set(ctx, "fk:lk:{a}", "someone else's", 0).Err() },
+		"fk:lk:{b}":   func() error { return rc.HSet(ctx, "fk:lk:{b}", "x", "y").Err() },
+		"fk:lk:{c}:r": func() error { return rc.Set(ctx, "fk:lk:{c}:r", "1", 0).Err() },
+		"fk:lk:{d}:f": func() error { return rc.Set(ctx, "fk:lk:{d}:f", "not a number", 0).Err() },
+	} {
+		require.NoError(t, write())
+		name := key[len("fk:lk:{") : len("fk:lk:{")+1]
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "l1", TTL: time.Second})
+		require.ErrorIs(t, err, backend.ErrForeignKey, key)
+		assert.Contains(t, err.Error(), key)
+		dump, err := rc.Dump(ctx, key).Result()
+		require.NoError(t, err)
+		require.NoError(t, write()) // the same write gives the same value
+		again, _ := rc.Dump(ctx, key).Result()
+		assert.Equal(t, again, dump, "%s untouched", key)
+	}
+}
+
+// TestTokensSurviveDataLoss (B6): a restart without persistence, or a
+// FLUSHALL, loses the last token; the next is still higher.
+func TestTokensSurviveDataLoss(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := newClient(srv.Addr())
+	b := open(t, c, "dl")
+	defer b.Close()
+	ctx := context.Background()
+	last := grant(t, b, "n", "l1", backend.Exclusive)
+	require.NoError(t, b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l1"}))
+
+	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())
+	tok := grant(t, b, "n", "l2", backend.Exclusive)
+	assert.Greater(t, tok, last)
+	last = tok
+
+	srv.Kill()
+	srv.Restart(t)
+	require.Eventually(t, func() bool {
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Name: "n", LeaseID: "l3", TTL: time.Second})
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "the lease of before the restart is gone with the data")
+	info, err := b.Inspect(ctx, "n")
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	assert.Greater(t, info.Holders[0].Token, last)
+	assert.Less(t, info.Holders[0].Token, uint64(backend.MaxToken))
+}
+
+// TestNamesWithBraces keep every key of a name in one Cluster slot.
+func TestNamesWithBraces(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	b := open(t, newClient(srv.Addr()), "br")
+	defer b.Close()
+	ctx := context.Background()
+	for _, name := range []string{"a{b}c", "}{", "{x}", "plain"} {
+		grant(t, b, name, "l-"+name, backend.Shared)
+		info, err := b.Inspect(ctx, name)
+		require.NoError(t, err)
+		require.Len(t, info.Holders, 1, name)
+	}
+	keys, err := srv.Client(t).Keys(ctx, "br:*").Result()
+	require.NoError(t, err)
+	for _, k := range keys {
+		tag := k[strings.Index(k, "{")+1:]
+		tag = tag[:strings.Index(tag, "}")]
+		assert.NotContains(t, tag, "{", k)
+		assert.NotEmpty(t, tag, k)
+	}
+}
+
+// TestRenewalsAreOnePipeline: a batch of renewals costs one round trip.
+func TestRenewalsAreOnePipeline(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := newClient(srv.Addr())
+	b := open(t, c, "rp")
+	defer b.Close()
+	var reqs []backend.RenewRequest
+	for i := 0; i < 200; i++ {
+		name := fmt.Sprintf("n%d", i)
+		grant(t, b, name, "l"+name, backend.Exclusive)
+		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l" + name}, TTL: 10 * time.Second})
+	}
+	h := &countHook{}
+	c.AddHook(h)
+	for _, err := range b.Renew(context.Background(), reqs) {
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int64(1), h.pipelines.Load())
+	assert.Equal(t, int64(0), h.single.Load())
+}
+
+// countHook counts the round trips of a client, leaving out those that set
+// up a new connection.
+type countHook struct{ pipelines, single atomic.Int64 }
+
+func connSetup(cmd goredis.Cmder) bool { return cmd.Name() == "hello" || cmd.Name() == "client" }
+
+func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if !connSetup(cmd) {
+			h.single.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if !connSetup(cmds[0]) {
+			h.pipelines.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestScriptsLostByTheServer: after SCRIPT FLUSH (as after a restart or a
+// failover), pipelined renewals load the scripts again, and no lease is
+// reported gone.
+func TestScriptsLostByTheServer(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	b := open(t, newClient(srv.Addr()), "sf")
+	defer b.Close()
+	grant(t, b, "n", "l1", backend.Exclusive)
+	require.NoError(t, srv.Client(t).ScriptFlush(context.Background()).Err())
+	errs := b.Renew(context.Background(), []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
+	assert.NoError(t, errs[0])
+}
+
+// TestRenewTellsTakenOver: a renewal that finds another lease on the name
+// says so.
+func TestRenewTellsTakenOver(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	b := open(t, newClient(srv.Addr()), "to")
+	defer b.Close()
+	ctx := context.Background()
+	grant(t, b, "n", "l1", backend.Exclusive)
+	require.NoError(t, srv.Client(t).Del(ctx, "to:lk:{n}").Err()) // an operator deletes it
+	grant(t, b, "n", "l2", backend.Exclusive)
+	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
+	assert.ErrorIs(t, errs[0], backend.ErrTakenOver)
+	require.NoError(t, b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l2"}))
+	errs = b.Renew(ctx, []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
+	assert.ErrorIs(t, errs[0], backend.ErrNotHeld)
+	assert.NotErrorIs(t, errs[0], backend.ErrTakenOver)
+}
+
+// TestClusterConformance: the suite passes on a three-primary Cluster,
+// where names land on different primaries.
+func TestClusterConformance(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	n := 0
+	backendtest.Run(t, func(t *testing.T) backend.Backend {
+		n++
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
+		b := open(t, c, fmt.Sprintf("c%d", n))
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+}

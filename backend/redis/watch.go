@@ -1,0 +1,131 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// confirmWait bounds how long Watch waits for Redis to confirm a
+// subscription. Past it the watch still works once confirmed; until then
+// the caller's poll is the backstop.
+const confirmWait = 2 * time.Second
+
+// watches multiplexes every Watch of an agent onto one subscription
+// connection, with a reference count per channel.
+type watches struct {
+	ps   *goredis.PubSub
+	log  hclog.Logger
+	done chan struct{} // closed when the dispatcher has returned
+
+	mu     sync.Mutex
+	subs   map[string]*subscription
+	closed bool
+}
+
+type subscription struct {
+	confirmed chan struct{} // closed when Redis confirms the SUBSCRIBE
+	isConfirm bool
+	watchers  map[chan struct{}]struct{}
+}
+
+func newWatches(c goredis.UniversalClient, log hclog.Logger) *watches {
+	w := &watches{
+		ps:   c.Subscribe(context.Background()),
+		log:  log,
+		done: make(chan struct{}),
+		subs: make(map[string]*subscription),
+	}
+	// The health check pings the subscription connection: a dead one is
+	// replaced, and the channels subscribed again.
+	ch := w.ps.ChannelWithSubscriptions(goredis.WithChannelHealthCheckInterval(10*time.Second), goredis.WithChannelSize(1000))
+	go w.dispatch(ch)
+	return w
+}
+
+// dispatch delivers confirmations and messages until the subscription is
+// closed.
+func (w *watches) dispatch(ch <-chan any) {
+	defer close(w.done)
+	for m := range ch {
+		w.mu.Lock()
+		switch m := m.(type) {
+		case *goredis.Subscription:
+			if s := w.subs[m.Channel]; s != nil && m.Kind == "subscribe" && !s.isConfirm {
+				s.isConfirm = true
+				close(s.confirmed)
+			}
+		case *goredis.Message:
+			if s := w.subs[m.Channel]; s != nil {
+				for c := range s.watchers {
+					select {
+					case c <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// watch adds a watcher of channel and waits, a bounded time, for the
+// subscription to be confirmed.
+func (w *watches) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil, nil, backend.ErrClosed
+	}
+	c := make(chan struct{}, 1)
+	s := w.subs[channel]
+	if s == nil {
+		s = &subscription{confirmed: make(chan struct{}), watchers: make(map[chan struct{}]struct{})}
+		w.subs[channel] = s
+		sctx, cancel := context.WithTimeout(ctx, confirmWait)
+		err := w.ps.Subscribe(sctx, channel)
+		cancel()
+		if err != nil {
+			// The connection is down: go-redis subscribes again when it
+			// reconnects; until then the caller polls.
+			w.log.Debug("subscribe failed", "channel", channel, "error", err)
+		}
+	}
+	s.watchers[c] = struct{}{}
+	w.mu.Unlock()
+
+	stop := sync.OnceFunc(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(s.watchers, c)
+		if len(s.watchers) == 0 && w.subs[channel] == s && !w.closed {
+			delete(w.subs, channel)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			w.ps.Unsubscribe(ctx, channel)
+		}
+	})
+	t := time.NewTimer(confirmWait)
+	defer t.Stop()
+	select {
+	case <-s.confirmed:
+	case <-t.C:
+	case <-ctx.Done():
+		stop()
+		return nil, nil, ctx.Err()
+	}
+	return c, stop, nil
+}
+
+func (w *watches) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.ps.Close()
+	<-w.done
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/memory"
+	"github.com/lockagent/lockagent/backend/redis"
+	"github.com/lockagent/lockagent/config"
+)
+
+// openBackend opens the backend the configuration names.
+func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (backend.Backend, error) {
+	if cfg.Backend.Kind != "redis" {
+		b, err := memory.Open(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	rc := cfg.Backend.Redis
+	opts := &goredis.UniversalOptions{
+		Addrs:         rc.Addresses,
+		MasterName:    rc.MasterName,
+		IsClusterMode: rc.Cluster,
+		Username:      rc.Username,
+		DB:            rc.DB,
+		ClientName:    "lockagent",
+		// Deadlines come from the agent's contexts: a renewal never waits
+		// past its lease's local deadline.
+		ContextTimeoutEnabled: true,
+		DialTimeout:           2 * time.Second,
+		ReadTimeout:           3 * time.Second,
+		MaxRetries:            2,
+	}
+	if rc.PasswordFile != "" {
+		pw, err := os.ReadFile(rc.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis password_file: %w", err)
+		}
+		opts.Password = strings.TrimRight(string(pw), "\r\n")
+	}
+	if rc.TLS != nil {
+		tc, err := tlsConfig(rc.TLS)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig = tc
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := redis.Open(ctx, redis.Options{Client: goredis.NewUniversalClient(opts), KeyPrefix: rc.KeyPrefix, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// tlsConfig builds the client TLS settings from the configured files.
+func tlsConfig(t *config.TLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis tls ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis tls ca_file %s: no certificate found", t.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis tls: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
