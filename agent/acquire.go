@@ -281,7 +281,8 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 	a.mu.Unlock()
 	defer a.wg.Done()
 
-	sent := time.Now()
+	start := a.now()
+	sent := start.mono
 	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host,
@@ -298,10 +299,13 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 		a.mu.Unlock()
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
-	now := time.Now()
+	end := a.now()
+	now := end.mono
 	l.token = g.Token
 	l.granted = now
-	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL))
+	// A suspend of the host during the round trip shortens the lease by as
+	// much, on the monotonic clock.
+	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL) - max(end.suspendedSince(start), 0))
 	l.nextRenew = sent.Add(renewInterval(req.TTL))
 
 	a.mu.Lock()

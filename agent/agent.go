@@ -42,6 +42,10 @@ type Config struct {
 	// NotifyBudget is the time the agent allows itself to deliver a lost
 	// event; it is part of the safety margin. Default 50ms.
 	NotifyBudget time.Duration
+
+	// BootClock reads a clock that keeps counting while the host is
+	// suspended. Default CLOCK_BOOTTIME; tests set their own.
+	BootClock func() time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -67,6 +71,9 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxWaiters, 10000)
 	if c.AdminUIDs == nil {
 		c.AdminUIDs = []uint32{0}
+	}
+	if c.BootClock == nil {
+		c.BootClock = bootTime
 	}
 }
 
@@ -99,6 +106,7 @@ type Agent struct {
 	atRisk   int       // leases whose last renewal had an unknown outcome
 	degraded bool      // atRisk > 0, as last told to the sessions
 	nextWake time.Time // when the scheduler wakes next unless kicked
+	lastSeen stamp     // the scheduler's last look at the clocks
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes
 	wg   sync.WaitGroup

@@ -387,3 +387,37 @@ func TestDegradedDoesNotFlap(t *testing.T) {
 		assert.Equal(t, []string{"backend:degraded", "backend:ok"}, states)
 	})
 }
+
+// TestSuspendOfTheHost: the monotonic clock stops while the host is
+// suspended; the boot clock does not. A lease whose deadline passed while
+// the host slept is lost soon after the resume, before any renewal.
+func TestSuspendOfTheHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slept atomic.Int64
+		start := time.Now()
+		boot := func() time.Duration { return time.Since(start) + time.Duration(slept.Load()) }
+		a, f, stop := run(t, agent.Config{BootClock: boot})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		long := mustAcquire(t, s, agent.AcquireRequest{Name: "long", TTL: time.Minute})
+		short := mustAcquire(t, s, agent.AcquireRequest{Name: "short", TTL: 10 * time.Second})
+
+		time.Sleep(2 * time.Second)
+		renewals := f.renewCalls.Load()
+		slept.Store(int64(9 * time.Second)) // the host sleeps 9s, in an instant
+		resumed := time.Now()
+		time.Sleep(3 * time.Second)
+
+		evs := c.got()
+		require.Len(t, evs, 1, "%v", evs)
+		assert.Equal(t, short.ID, evs[0].Lease)
+		assert.Equal(t, agent.ReasonExpired, evs[0].Reason)
+		assert.LessOrEqual(t, evs[0].at.Sub(resumed), time.Second, "noticed within a second of the resume")
+		assert.Equal(t, renewals, f.renewCalls.Load(), "no renewal of the lost lease came first")
+		res, err := s.Check(context.Background(), long.ID)
+		require.NoError(t, err)
+		assert.True(t, res.Held, "a lease with time left survives")
+	})
+}

@@ -156,9 +156,17 @@ const coalesce = 30
 func (a *Agent) scheduleLoop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	a.mu.Lock()
+	a.lastSeen = a.now()
+	a.mu.Unlock()
 	for {
 		a.mu.Lock()
-		now := time.Now()
+		st := a.now()
+		now := st.mono
+		if slept := st.suspendedSince(a.lastSeen); slept > suspendThreshold {
+			a.resumed(slept)
+		}
+		a.lastSeen = st
 		var healthy, atRisk []*lease
 		for len(a.sched) > 0 {
 			l := a.sched[0]
@@ -187,7 +195,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		}
 		wait := time.Hour
 		if len(a.sched) > 0 {
-			wait = a.sched[0].due().Sub(now)
+			wait = min(a.sched[0].due().Sub(now), suspendCheck)
 		}
 		a.nextWake = now.Add(wait)
 		a.mu.Unlock()
@@ -227,7 +235,8 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	// Never wait for an answer past the earliest local deadline: it would
 	// come too late to count.
 	rctx, cancel := context.WithDeadline(ctx, deadline)
-	sent := time.Now()
+	start := a.now()
+	sent := start.mono
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
 	if ctx.Err() != nil {
@@ -236,7 +245,17 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	end := a.now()
+	now := end.mono
+	if end.suspendedSince(start) > suspendThreshold {
+		// The host slept during the round trip: when the renewals were
+		// applied is unknown on the monotonic clock.
+		for i, err := range errs {
+			if err == nil {
+				errs[i] = errSuspended
+			}
+		}
+	}
 	for i, l := range batch {
 		if a.leases[l.id] != l {
 			continue // released or lost meanwhile
@@ -275,6 +294,26 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	}
 	a.setDegraded(a.atRisk > 0)
 	a.kickScheduler()
+}
+
+// errSuspended stands for a renewal whose round trip spanned a suspend of
+// the host: its outcome is treated as unknown.
+var errSuspended = errors.New("agent: the host was suspended during the renewal")
+
+// resumed adjusts every lease after the host slept for slept: their local
+// deadlines, counted on a clock that did not run, come that much sooner,
+// and those already past are lost. a.mu is held.
+func (a *Agent) resumed(slept time.Duration) {
+	a.log.Warn("the host was suspended; leases' deadlines moved accordingly", "suspended", slept)
+	for _, l := range a.leases {
+		l.validUntil = l.validUntil.Add(-slept)
+		if l.nextRenew.After(l.validUntil) {
+			l.nextRenew = l.validUntil
+		}
+		if l.index >= 0 {
+			heap.Fix(&a.sched, l.index)
+		}
+	}
 }
 
 // setAtRisk records whether the last renewal of l had an unknown outcome,
