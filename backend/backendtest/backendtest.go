@@ -12,8 +12,10 @@ package backendtest
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,6 +58,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"RenewBatch", testRenewBatch},
 		{"ExpiryFreesName", testExpiryFreesName},
 		{"RenewKeepsAlive", testRenewKeepsAlive},
+		{"RenewTakenOver", testRenewTakenOver},
 		{"Inspect", testInspect},
 		{"Watch", testWatch},
 		{"ConcurrentAcquire", testConcurrentAcquire},
@@ -466,6 +469,33 @@ func testRenewKeepsAlive(t *testing.T, b backend.Backend) {
 	errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
 	require.NoError(t, errs[0], "renew")
 	mustRelease(t, b, lease(a))
+}
+
+// testRenewTakenOver: a renewal of a lease that expired says whether a
+// conflicting lease holds the name now.
+func testRenewTakenOver(t *testing.T, b backend.Backend) {
+	for _, tc := range []struct {
+		name       string
+		old, taker backend.Mode
+		takenOver  bool
+	}{
+		{"exclusive by exclusive", backend.Exclusive, backend.Exclusive, true},
+		{"exclusive by shared", backend.Exclusive, backend.Shared, true},
+		{"shared by exclusive", backend.Shared, backend.Exclusive, true},
+		{"shared beside shared", backend.Shared, backend.Shared, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "taken/" + strings.ReplaceAll(tc.name, " ", "-")
+			old := request(name, "old", tc.old)
+			_, wait := expireSoon(t, b, old)
+			wait()
+			mustAcquire(t, b, request(name, "taker", tc.taker))
+			err := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(old), TTL: ttl}})[0]
+			require.ErrorIs(t, err, backend.ErrNotHeld)
+			assert.Equal(t, tc.takenOver, errors.Is(err, backend.ErrTakenOver), "%v", err)
+			requireHolders(t, b, name, map[string]uint64{"taker": mustInspect(t, b, name).Holders[0].Token})
+		})
+	}
 }
 
 func testInspect(t *testing.T, b backend.Backend) {

@@ -193,9 +193,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []erro
 	defer b.mu.Unlock()
 	now := time.Now()
 	for i, r := range reqs {
-		switch _, h := b.holder(r.Lease, now); {
+		switch e, h := b.holder(r.Lease, now); {
 		case r.TTL <= 0:
 			errs[i] = fmt.Errorf("memory: renew %q: ttl %v is not positive", r.Name, r.TTL)
+		case h == nil && e != nil && conflicts(e, r.Mode):
+			errs[i] = fmt.Errorf("memory: renew %q: %w", r.Name, backend.ErrTakenOver)
 		case h == nil:
 			errs[i] = fmt.Errorf("memory: renew %q: %w", r.Name, backend.ErrNotHeld)
 		default:
@@ -318,6 +320,18 @@ func (b *Backend) holder(l backend.Lease, now time.Time) (*entry, *holder) {
 		return e, nil
 	}
 	return e, h
+}
+
+// conflicts tells whether e has a live (pruned) holder that a lease of
+// mode could not be held beside: then a lease of that mode that is gone was
+// taken over.
+func conflicts(e *entry, mode backend.Mode) bool {
+	for _, h := range e.holders {
+		if mode == backend.Exclusive || h.mode == backend.Exclusive {
+			return true
+		}
+	}
+	return false
 }
 
 // prune removes the holders of e that are dead at now and, if there were
