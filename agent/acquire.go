@@ -198,7 +198,7 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	defer a.leave(w)
 
 	if !w.queued {
-		l, _, err := a.attempt(ctx, w)
+		l, _, err := a.attempt(ctx, w, time.Time{})
 		switch {
 		case err != nil:
 			return AcquireResult{}, err
@@ -213,7 +213,9 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 // wait runs a queued acquire to its end.
 func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	var timeout <-chan time.Time
+	var until time.Time // when the wait ends; zero: never
 	if w.req.Wait > 0 {
+		until = time.Now().Add(w.req.Wait)
 		t := time.NewTimer(w.req.Wait)
 		defer t.Stop()
 		timeout = t.C
@@ -241,7 +243,10 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				defer stop()
 				freed = ch
 			}
-			l, retryIn, err := a.attempt(ctx, w)
+			l, retryIn, err := a.attempt(ctx, w, until)
+			if errors.Is(err, errWaitOver) {
+				return a.denied(ctx, w.req.Name, ReasonTimeout), nil
+			}
 			if err != nil {
 				return AcquireResult{}, err
 			}
@@ -262,9 +267,15 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	}
 }
 
+// errWaitOver: an attempt was cut short by the end of its wait.
+var errWaitOver = errors.New("agent: the wait is over")
+
 // attempt asks the backend once. It returns the new lease, or nil and a
-// retry hint when the name is held.
-func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, error) {
+// retry hint when the name is held. The backend's answer is awaited until
+// the grant's local deadline at most (a later one could not be handed out,
+// and a retry sent later could grant the name to nobody), and until the
+// wait ends, if until is set (then the error is errWaitOver).
+func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease, time.Duration, error) {
 	s, req := w.s, w.req
 	l := &lease{
 		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
@@ -283,10 +294,16 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 
 	start := a.now()
 	sent := start.mono
-	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
+	deadline := sent.Add(req.TTL - a.margin(req.TTL))
+	if !until.IsZero() {
+		deadline = earliest(deadline, until)
+	}
+	actx, cancel := context.WithDeadline(ctx, deadline)
+	g, err := a.b.Acquire(actx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host,
 	})
+	cancel()
 	var held *backend.HeldError
 	switch {
 	case errors.As(err, &held):
@@ -297,6 +314,9 @@ func (a *Agent) attempt(ctx context.Context, w *waiter) (*lease, time.Duration, 
 		a.mu.Lock()
 		a.releaseLater([]*lease{l})
 		a.mu.Unlock()
+		if ctx.Err() == nil && !until.IsZero() && !time.Now().Before(until) {
+			return nil, 0, errWaitOver
+		}
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
 	end := a.now()

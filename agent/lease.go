@@ -151,6 +151,38 @@ func (a *Agent) kickScheduler() {
 // early, to go in the same batch as others due about then.
 const coalesce = 30
 
+// LoseOverdue loses every lease whose local deadline has passed, at once.
+// The scheduler does it as deadlines fall due; socketapi calls this before
+// it serves a request, so that after the agent was stopped or starved
+// (SIGSTOP, a swapped-out process) a request is never answered as if such
+// a lease were still held, and its lost event comes first.
+func (s *Session) LoseOverdue() {
+	a := s.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	// Every lease's due time is at or before its local deadline: when the
+	// earliest is still ahead, no deadline has passed.
+	if len(a.sched) == 0 || a.sched[0].due().After(now) {
+		return
+	}
+	for _, l := range a.leases {
+		if !now.Before(l.validUntil) {
+			a.lose(l, lostReason(l))
+		}
+	}
+}
+
+// lostReason is why a lease reached its local deadline: the backend's
+// doing when a renewal is unanswered or failed; otherwise the agent itself
+// was late (stopped or starved).
+func lostReason(l *lease) string {
+	if l.atRisk || l.renewing {
+		return ReasonBackendUnavailable
+	}
+	return ReasonExpired
+}
+
 // scheduleLoop renews leases as they fall due, in batches, and loses those
 // whose local deadline passes, until ctx is done.
 func (a *Agent) scheduleLoop(ctx context.Context) {
@@ -171,11 +203,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		for len(a.sched) > 0 {
 			l := a.sched[0]
 			if !now.Before(l.validUntil) {
-				reason := ReasonExpired
-				if l.atRisk {
-					reason = ReasonBackendUnavailable
-				}
-				a.lose(l, reason)
+				a.lose(l, lostReason(l))
 				continue
 			}
 			early := l.ttl / coalesce
@@ -224,18 +252,18 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 // renew sends one batch of renewals and applies the answers.
 func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	reqs := make([]backend.RenewRequest, len(batch))
+	start := a.now()
+	// Wait for an answer a sixth of the TTL at most, so that a renewal
+	// lost on a dead connection is tried again (at ttl/10) while the lease
+	// is still valid; and never past the earliest local deadline, when the
+	// answer would come too late to count.
 	deadline := batch[0].validUntil
 	for i, l := range batch {
 		// Only the scheduler writes these fields while renewing is set.
 		reqs[i] = backend.RenewRequest{Lease: backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
-		if l.validUntil.Before(deadline) {
-			deadline = l.validUntil
-		}
+		deadline = earliest(deadline, l.validUntil, start.mono.Add(l.ttl/6))
 	}
-	// Never wait for an answer past the earliest local deadline: it would
-	// come too late to count.
 	rctx, cancel := context.WithDeadline(ctx, deadline)
-	start := a.now()
 	sent := start.mono
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
@@ -294,6 +322,15 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	}
 	a.setDegraded(a.atRisk > 0)
 	a.kickScheduler()
+}
+
+func earliest(t time.Time, more ...time.Time) time.Time {
+	for _, u := range more {
+		if u.Before(t) {
+			t = u
+		}
+	}
+	return t
 }
 
 // errSuspended stands for a renewal whose round trip spanned a suspend of

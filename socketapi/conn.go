@@ -316,6 +316,7 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		}
 		c.sess = s
 	}
+	c.sess.LoseOverdue()
 	return op(c, ctx, id, &req)
 }
 

@@ -1,0 +1,1293 @@
+package main
+
+// Operational faults of the Redis deployment and of the agent process, end
+// to end: redis-server restarted with and without persistence, its clock
+// running fast, an eviction policy, the agent stopped and killed, a
+// Sentinel failover and a Redis Cluster. Every process is real.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+// opsRenewMax is the longest time between two renewals of a lease of ttl:
+// ttl/3 + 10% jitter.
+func opsRenewMax(ttl time.Duration) time.Duration { return ttl / 3 * 11 / 10 }
+
+// opsMargin is how much earlier than the backend the agent gives a lease
+// up: ttl/100 + 2 ms + the 50 ms notify budget.
+func opsMargin(ttl time.Duration) time.Duration { return ttl/100 + 52*time.Millisecond }
+
+// opsTTL are acquire arguments asking for ttl.
+func opsTTL(ttl time.Duration) map[string]any {
+	return map[string]any{"ttl_ms": ttl.Milliseconds()}
+}
+
+// opsKey is the Redis key of an exclusive holder of name, for agents on
+// key_prefix "e2e" (see backend/redis keys).
+func opsKey(name string) string { return "e2e:lk:{" + name + "}" }
+
+// opsRelease releases a lease that must be held.
+func opsRelease(t *testing.T, c *socketapi.Client, leaseID string) {
+	t.Helper()
+	var r struct {
+		Released bool `json:"released"`
+	}
+	call(t, c, "release", map[string]any{"lease": leaseID}, &r)
+	require.True(t, r.Released)
+}
+
+// opsCheckResult is check's result.
+type opsCheckResult struct {
+	Held      bool   `json:"held"`
+	Token     uint64 `json:"token"`
+	ExpiresIn int64  `json:"expires_in_ms"`
+}
+
+func opsCheck(t *testing.T, c *socketapi.Client, leaseID string) opsCheckResult {
+	t.Helper()
+	var r opsCheckResult
+	call(t, c, "check", map[string]any{"lease": leaseID}, &r)
+	return r
+}
+
+// opsEvent is an event with the time the test received it.
+type opsEvent struct {
+	socketapi.Event
+	at time.Time
+}
+
+// opsEventLog records every event of a connection as it arrives, so that a
+// test can look at them later and in order. Nothing else may read the
+// connection's Events.
+type opsEventLog struct {
+	mu  sync.Mutex
+	evs []opsEvent
+}
+
+func opsRecordEvents(c *socketapi.Client) *opsEventLog {
+	l := &opsEventLog{}
+	go func() {
+		for ev := range c.Events() {
+			l.mu.Lock()
+			l.evs = append(l.evs, opsEvent{ev, time.Now()})
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+func (l *opsEventLog) all() []opsEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.evs)
+}
+
+// lost returns the lost event of leaseID, if there was one.
+func (l *opsEventLog) lost(leaseID string) (opsEvent, bool) {
+	for _, ev := range l.all() {
+		if ev.Event.Event == "lost" && ev.Lease == leaseID {
+			return ev, true
+		}
+	}
+	return opsEvent{}, false
+}
+
+// waitLost waits for the lost event of leaseID.
+func (l *opsEventLog) waitLost(t *testing.T, leaseID string, timeout time.Duration) opsEvent {
+	t.Helper()
+	var ev opsEvent
+	eventually(t, timeout, "lost event of "+leaseID, func() bool {
+		var ok bool
+		ev, ok = l.lost(leaseID)
+		return ok
+	})
+	return ev
+}
+
+// kinds lists the events as "event[:state|:reason]", for messages.
+func (l *opsEventLog) kinds() []string {
+	var out []string
+	for _, ev := range l.all() {
+		s := ev.Event.Event
+		if ev.State != "" {
+			s += ":" + ev.State
+		}
+		if ev.Reason != "" {
+			s += ":" + ev.Reason
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// opsRawConn is an application connection read line by line, keeping the
+// order of responses and events, which socketapi.Client separates.
+type opsRawConn struct {
+	nc    net.Conn
+	lines chan opsRawLine
+}
+
+type opsRawLine struct {
+	text string
+	m    map[string]any
+	at   time.Time
+}
+
+func opsDialRaw(t *testing.T, socket string) *opsRawConn {
+	t.Helper()
+	nc, err := net.DialTimeout("unix", socket, callTimeout)
+	require.NoError(t, err)
+	r := &opsRawConn{nc: nc, lines: make(chan opsRawLine, 4096)}
+	go func() {
+		defer close(r.lines)
+		sc := bufio.NewScanner(nc)
+		sc.Buffer(make([]byte, 4096), 16<<20)
+		for sc.Scan() {
+			l := opsRawLine{text: sc.Text(), at: time.Now()}
+			json.Unmarshal(sc.Bytes(), &l.m)
+			r.lines <- l
+		}
+	}()
+	t.Cleanup(func() { nc.Close() })
+	return r
+}
+
+func (r *opsRawConn) send(t *testing.T, line string) {
+	t.Helper()
+	require.NoError(t, r.nc.SetWriteDeadline(time.Now().Add(callTimeout)))
+	_, err := r.nc.Write([]byte(line + "\n"))
+	require.NoError(t, err)
+}
+
+// next returns the next line the agent sent.
+func (r *opsRawConn) next(t *testing.T, timeout time.Duration) opsRawLine {
+	t.Helper()
+	select {
+	case l, ok := <-r.lines:
+		require.True(t, ok, "the agent closed the connection")
+		return l
+	case <-time.After(timeout):
+		t.Fatalf("no line from the agent within %s", timeout)
+		return opsRawLine{}
+	}
+}
+
+// roundTrip sends a request with id and returns its response; no event
+// may come first.
+func (r *opsRawConn) roundTrip(t *testing.T, id, line string) map[string]any {
+	t.Helper()
+	r.send(t, line)
+	l := r.next(t, callTimeout)
+	require.Equal(t, id, l.m["id"], "response to %s, got %s", id, l.text)
+	require.Equal(t, true, l.m["ok"], l.text)
+	return l.m
+}
+
+// opsMonitor records every command redis-server runs (MONITOR, through
+// redis-cli), to tell who renewed which lease and when.
+type opsMonitor struct{ p *proc }
+
+func opsStartMonitor(t *testing.T, addr string) *opsMonitor {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	m := &opsMonitor{p: startProc(t, "redis-cli monitor", nil, "redis-cli", "-h", host, "-p", port, "monitor")}
+	m.p.waitOutput(t, "OK", exitTimeout)
+	return m
+}
+
+// opsMonitorCmd is one command as MONITOR shows it.
+type opsMonitorCmd struct {
+	at   time.Time // server time
+	args []string  // the command and its arguments, unquoted
+}
+
+func (m *opsMonitor) commands() []opsMonitorCmd {
+	var out []opsMonitorCmd
+	for _, line := range strings.Split(m.p.stdout.String(), "\n") {
+		ts, rest, ok := strings.Cut(line, " [")
+		if !ok {
+			continue
+		}
+		sec, err := strconv.ParseFloat(ts, 64)
+		if err != nil {
+			continue
+		}
+		_, rest, ok = strings.Cut(rest, "] ")
+		if !ok {
+			continue
+		}
+		out = append(out, opsMonitorCmd{at: time.UnixMicro(int64(sec * 1e6)), args: opsMonitorArgs(rest)})
+	}
+	return out
+}
+
+// opsMonitorArgs splits `"a" "b\"c"` into its unquoted parts.
+func opsMonitorArgs(s string) []string {
+	var args []string
+	for {
+		i := strings.IndexByte(s, '"')
+		if i < 0 {
+			return args
+		}
+		s = s[i+1:]
+		var b strings.Builder
+		for len(s) > 0 && s[0] != '"' {
+			if s[0] == '\\' && len(s) > 1 {
+				b.WriteByte(s[1])
+				s = s[2:]
+				continue
+			}
+			b.WriteByte(s[0])
+			s = s[1:]
+		}
+		args = append(args, b.String())
+		if len(s) > 0 {
+			s = s[1:]
+		}
+	}
+}
+
+// renewals returns the server times of the renewals of leaseID: the renew
+// script is the one script called with 3 keys (X, R, T) and the lease id.
+func (m *opsMonitor) renewals(leaseID string) []time.Time {
+	var out []time.Time
+	for _, c := range m.commands() {
+		if len(c.args) >= 7 && (c.args[0] == "evalsha" || c.args[0] == "eval") && c.args[2] == "3" && c.args[6] == leaseID {
+			out = append(out, c.at)
+		}
+	}
+	return out
+}
+
+// opsAgent starts an agent whose backend block is the given HCL body (plus
+// key_prefix "e2e"), for deployments startFleet does not build.
+func opsAgent(t *testing.T, backendBody string) *fleetAgent {
+	t.Helper()
+	a := &fleetAgent{env: newAgentEnv(t)}
+	a.env.writeConfig(t, fmt.Sprintf("backend \"redis\" {\n%s\n  key_prefix = \"e2e\"\n}\n", backendBody))
+	a.start(t)
+	return a
+}
+
+// opsStartupLog returns what the agent logged up to "agent started": its
+// stderr is copied from a pipe, so it may lag behind the socket answering.
+func opsStartupLog(t *testing.T, a *fleetAgent) string {
+	t.Helper()
+	eventually(t, exitTimeout, "the agent logs its start", func() bool {
+		return strings.Contains(a.proc.stderr.String(), "agent started")
+	})
+	out := a.proc.stderr.String()
+	return out[:strings.Index(out, "agent started")]
+}
+
+// opsHCLList renders addresses as an HCL list.
+func opsHCLList(addrs []string) string {
+	q := make([]string, len(addrs))
+	for i, a := range addrs {
+		q[i] = strconv.Quote(a)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// opsStop SIGSTOPs an agent and makes sure it is continued at cleanup, so
+// that the fleet's cleanup can stop it.
+func opsStop(t *testing.T, p *proc) {
+	t.Helper()
+	p.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+func opsMaxToken(ts []uint64) uint64 {
+	var m uint64
+	for _, x := range ts {
+		m = max(m, x)
+	}
+	return m
+}
+
+func opsMs(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+
+// ---------------------------------------------------------------------------
+// B6: redis-server killed and restarted without persistence.
+
+// opsB6 is two agents on a Redis without persistence, their apps, names
+// each held by one of the apps, and every token granted so far.
+type opsB6 struct {
+	f      *fleet
+	apps   []*socketapi.Client
+	logs   []*opsEventLog
+	names  []string
+	held   []lease // held[i] holds names[i], on apps[i%2]
+	before []uint64
+}
+
+// newOpsB6 starts the agents, churns the names on both (recording every
+// grant's token) and leaves each name held by one of the two apps.
+func newOpsB6(t *testing.T, ttl time.Duration, prefix string) *opsB6 {
+	t.Helper()
+	s := &opsB6{f: startFleet(t, 2, redistest.Options{}, "")}
+	for i, a := range s.f.agents {
+		c := a.client(t, fmt.Sprintf("b6-%d", i))
+		s.apps = append(s.apps, c)
+		s.logs = append(s.logs, opsRecordEvents(c))
+	}
+	for i := range 6 {
+		s.names = append(s.names, fmt.Sprintf("%s/%d", prefix, i))
+	}
+	for _, n := range s.names {
+		for _, c := range s.apps {
+			l := mustAcquire(t, c, n, opsTTL(ttl))
+			s.before = append(s.before, l.Token)
+			opsRelease(t, c, l.Lease)
+		}
+	}
+	for i, n := range s.names {
+		l := mustAcquire(t, s.apps[i%2], n, opsTTL(ttl))
+		s.before = append(s.before, l.Token)
+		s.held = append(s.held, l)
+	}
+	return s
+}
+
+// regrant acquires every name again, on the agent that did not hold it,
+// then on the one that did, and requires every token above every earlier
+// one. It returns the lowest new token.
+func (s *opsB6) regrant(t *testing.T, ttl time.Duration) uint64 {
+	t.Helper()
+	high := opsMaxToken(s.before)
+	lowest := uint64(1<<64 - 1)
+	for i, n := range s.names {
+		other := mustAcquire(t, s.apps[(i+1)%2], n, opsTTL(ttl))
+		require.Greater(t, other.Token, high, "%s: a grant after the restart has a token above every earlier one", n)
+		assert.False(t, tryAcquire(t, s.apps[i%2], n, nil).Acquired, "%s is held by the other agent now", n)
+		opsRelease(t, s.apps[(i+1)%2], other.Lease)
+		again := mustAcquire(t, s.apps[i%2], n, opsTTL(ttl))
+		require.Greater(t, again.Token, other.Token, n)
+		opsRelease(t, s.apps[i%2], again.Lease)
+		lowest = min(lowest, other.Token)
+	}
+	return lowest
+}
+
+// TestB6_RedisRestartWithoutPersistence: Redis restarted empty. Holders
+// are told `lost` (expired) at their first renewal after Redis is back, or
+// at their local deadline if it stays down longer; tokens never go back.
+func TestB6_RedisRestartWithoutPersistence(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+
+	// Redis comes back at once, or once renewals failed on both agents:
+	// every holder learns at its next renewal that its lease is gone.
+	for _, tc := range []struct {
+		name      string
+		waitFails bool
+	}{{"quick", false}, {"after_failed_renewals", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newOpsB6(t, ttl, "b6"+tc.name[:1])
+			for _, a := range s.f.agents {
+				assert.Contains(t, opsStartupLog(t, a), "redis runs without AOF", "the agent says which persistence Redis runs with")
+			}
+			killed := time.Now()
+			s.f.redis.Kill()
+			if tc.waitFails {
+				eventually(t, opsRenewMax(ttl)+time.Second, "renewals failing on both agents", func() bool {
+					return slices.Contains(s.logs[0].kinds(), "backend:degraded") && slices.Contains(s.logs[1].kinds(), "backend:degraded")
+				})
+			}
+			s.f.redis.Restart(t)
+			back := time.Now()
+
+			var worst time.Duration
+			for i, l := range s.held {
+				ev := s.logs[i%2].waitLost(t, l.Lease, ttl)
+				assert.Equal(t, "expired", ev.Reason, "%s: the renewal found the lease gone", l.Name)
+				assert.True(t, ev.at.After(killed))
+				after := ev.at.Sub(back)
+				assert.LessOrEqual(t, after, opsRenewMax(ttl)+500*time.Millisecond,
+					"%s: lost within about one renew interval after Redis is back", l.Name)
+				worst = max(worst, after)
+			}
+			lowest := s.regrant(t, ttl)
+			t.Logf("B6 %s restart: Redis down %s; %d leases lost (expired) at most %s after it was back (renew interval ≤ %s); %d grants after, lowest token %d > highest before %d; events %v %v",
+				tc.name, opsMs(back.Sub(killed)), len(s.held), opsMs(worst), opsMs(opsRenewMax(ttl)), 2*len(s.names), lowest, opsMaxToken(s.before), s.logs[0].kinds(), s.logs[1].kinds())
+		})
+	}
+
+	// Redis stays down longer than the TTL: every holder gives its lease up
+	// at its local deadline, and tokens still go up once Redis is back.
+	t.Run("down_longer_than_ttl", func(t *testing.T) {
+		t.Parallel()
+		const ttl = 2 * time.Second
+		s := newOpsB6(t, ttl, "b6d")
+		killed := time.Now()
+		s.f.redis.Kill()
+
+		deadline := ttl - opsMargin(ttl)
+		var first, last time.Duration
+		for i, l := range s.held {
+			ev := s.logs[i%2].waitLost(t, l.Lease, 2*ttl)
+			assert.Equal(t, "backend_unavailable", ev.Reason, "%s: lost at the local deadline while renewals failed", l.Name)
+			after := ev.at.Sub(killed)
+			assert.LessOrEqual(t, after, deadline+300*time.Millisecond, "%s: lost by its local deadline", l.Name)
+			assert.GreaterOrEqual(t, after, deadline-opsRenewMax(ttl)-100*time.Millisecond, "%s: not lost before its local deadline", l.Name)
+			if first == 0 || after < first {
+				first = after
+			}
+			last = max(last, after)
+		}
+		for i := range s.apps {
+			kinds := s.logs[i].kinds()
+			require.NotEmpty(t, kinds)
+			assert.Equal(t, "backend:degraded", kinds[0], "the session was warned first: %v", kinds)
+		}
+		s.f.redis.Restart(t)
+		back := time.Now()
+		lowest := s.regrant(t, ttl)
+		t.Logf("B6 long outage: %d leases lost (backend_unavailable) %s–%s after the kill (local deadline ≤ %s after the last renewal); Redis back after %s; lowest new token %d > highest before %d",
+			len(s.held), opsMs(first), opsMs(last), opsMs(deadline), opsMs(back.Sub(killed)), lowest, opsMaxToken(s.before))
+	})
+}
+
+// ---------------------------------------------------------------------------
+// B7: restart with appendfsync always, quicker than TTL - margin.
+
+// TestB7_RedisRestartWithPersistence: with appendfsync always, a restart
+// shorter than TTL - margin loses no lease: at once, and once a renewal has
+// failed during the outage (the sessions then see degraded, then ok).
+func TestB7_RedisRestartWithPersistence(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	t.Run("instant", func(t *testing.T) {
+		t.Parallel()
+		opsB7(t, ttl, false, func(f *fleet, logs []*opsEventLog) {})
+	})
+	t.Run("across_a_failed_renewal", func(t *testing.T) {
+		t.Parallel()
+		opsB7(t, ttl, true, func(f *fleet, logs []*opsEventLog) {
+			eventually(t, opsRenewMax(ttl)+time.Second, "a renewal failed", func() bool {
+				for _, lg := range logs {
+					if slices.Contains(lg.kinds(), "backend:degraded") {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	})
+}
+
+// opsB7 holds leases from two agents, kills Redis (if afterRenewal, just
+// after the leases were renewed), calls outage, restarts Redis and checks
+// that every lease survived and is renewed.
+func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fleet, logs []*opsEventLog)) {
+	f := startFleet(t, 2, redistest.Options{Persistence: true}, "")
+	for _, a := range f.agents {
+		assert.Contains(t, opsStartupLog(t, a), "aof=true", "the agent logs the persistence mode")
+		assert.NotContains(t, opsStartupLog(t, a), "without AOF")
+	}
+	var apps []*socketapi.Client
+	var logs []*opsEventLog
+	for i, a := range f.agents {
+		c := a.client(t, fmt.Sprintf("b7-%d", i))
+		apps = append(apps, c)
+		logs = append(logs, opsRecordEvents(c))
+	}
+	var held []lease
+	for i := range 4 {
+		held = append(held, mustAcquire(t, apps[i%2], fmt.Sprintf("b7/%d", i), opsTTL(ttl)))
+	}
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+
+	// The leases were granted together, so they are renewed at about the
+	// same time (±10%): their last renewal is at most renewed old.
+	renewed := opsRenewMax(ttl)
+	if afterRenewal {
+		granted := time.Now()
+		eventually(t, opsRenewMax(ttl)+time.Second, "a renewal", func() bool {
+			return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, opsKey(held[0].Name)).Val() > ttl-100*time.Millisecond
+		})
+		renewed = ttl/3/5 + 100*time.Millisecond
+	}
+	killed := time.Now()
+	f.redis.Kill()
+	outage(f, logs)
+	f.redis.Restart(t)
+	back := time.Now()
+	down := back.Sub(killed)
+	// A lease survives if a renewal gets through before its local
+	// deadline: a failed renewal is retried within ttl/10.
+	require.Less(t, renewed+down+ttl/10+200*time.Millisecond, ttl-opsMargin(ttl),
+		"the restart is quick enough for the scenario")
+
+	// The AOF brought the keys back: every owner is as before.
+	for _, l := range held {
+		owner, err := rc.HGet(ctx, opsKey(l.Name), "o").Result()
+		require.NoError(t, err, l.Name)
+		assert.Equal(t, l.Lease, owner, "%s survived the restart", l.Name)
+	}
+
+	// Watch for more than a TTL: the keys can only still be there if the
+	// agents renewed them on the restarted server.
+	time.Sleep(ttl + 500*time.Millisecond)
+	for i, l := range held {
+		_, lost := logs[i%2].lost(l.Lease)
+		require.False(t, lost, "%s: no lease is lost; events %v", l.Name, logs[i%2].kinds())
+		r := opsCheck(t, apps[i%2], l.Lease)
+		assert.True(t, r.Held, l.Name)
+		assert.Equal(t, l.Token, r.Token)
+		owner, err := rc.HGet(ctx, opsKey(l.Name), "o").Result()
+		require.NoError(t, err, l.Name)
+		assert.Equal(t, l.Lease, owner, l.Name)
+		assert.False(t, tryAcquire(t, apps[(i+1)%2], l.Name, nil).Acquired, "%s is still held against the other agent", l.Name)
+	}
+	var events []string
+	for _, lg := range logs {
+		kinds := lg.kinds()
+		for _, k := range kinds {
+			assert.Contains(t, []string{"backend:degraded", "backend:ok"}, k, "only degraded/ok may appear")
+		}
+		if len(kinds) > 0 {
+			assert.Equal(t, "backend:ok", kinds[len(kinds)-1], "a degraded session hears of the recovery: %v", kinds)
+		}
+		events = append(events, strings.Join(kinds, ","))
+	}
+	t.Logf("B7 restart with AOF (%s): Redis down %s (< TTL - margin = %s); %d leases kept, renewed on the restarted server over %s; events per app %q",
+		t.Name(), opsMs(down), opsMs(ttl-opsMargin(ttl)), len(held), opsMs(time.Since(back)), events)
+}
+
+// ---------------------------------------------------------------------------
+// B9: Redis's clock runs five times fast.
+
+type opsB9Grant struct {
+	app    int
+	lease  string
+	token  uint64
+	at     time.Time
+	lostAt time.Time
+	reason string
+}
+
+// TestB9_RedisClockFast: with the server's clock 5x fast, a lease of ttl
+// expires on the server after ttl/5 of real time, before the agent's first
+// renewal (at about ttl/3). That renewal finds the lease gone or taken, and
+// the app is told `lost`. Mutual exclusion between the apps cannot hold
+// then (the design's promise assumes the Redis clock does not run ahead:
+// redis.md 2.3(b), 7.17): fencing is what holds, and the test measures the
+// window. The backend itself never has two holders.
+func TestB9_RedisClockFast(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	const name = "b9/x"
+	f := startFleet(t, 2, redistest.Options{Faketime: "+0 x5"}, "")
+	apps := []*socketapi.Client{f.agents[0].client(t, "b9-0"), f.agents[1].client(t, "b9-1")}
+	logs := []*opsEventLog{opsRecordEvents(apps[0]), opsRecordEvents(apps[1])}
+	observer := f.agents[0].client(t, "b9-observer")
+
+	var reg lockcheck.Register
+	var mu sync.Mutex
+	var grants []*opsB9Grant
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, c := range apps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				var l lease
+				args := map[string]any{"name": name, "ttl_ms": ttl.Milliseconds()}
+				if err := c.Call(ctx, "acquire", args, &l); err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("app %d: acquire: %v", i, err)
+					}
+					return
+				}
+				if !l.Acquired {
+					time.Sleep(15 * time.Millisecond)
+					continue
+				}
+				g := &opsB9Grant{app: i, lease: l.Lease, token: l.Token, at: time.Now()}
+				mu.Lock()
+				grants = append(grants, g)
+				mu.Unlock()
+				// Work under the lock, fenced, until told it is lost.
+				giveUp := time.Now().Add(ttl + time.Second)
+				for {
+					if ev, ok := logs[i].lost(l.Lease); ok {
+						mu.Lock()
+						g.lostAt, g.reason = ev.at, ev.Reason
+						mu.Unlock()
+						break
+					}
+					if time.Now().After(giveUp) {
+						t.Errorf("app %d: no lost event for %s within %s", i, l.Lease, ttl+time.Second)
+						return
+					}
+					reg.Write(l.Token)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	// The backend's view: never two holders.
+	maxHolders := 0
+	for ctx.Err() == nil {
+		var r inspectResult
+		if err := observer.Call(ctx, "inspect", map[string]any{"name": name}, &r); err != nil {
+			break
+		}
+		maxHolders = max(maxHolders, len(r.Holders))
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	assert.LessOrEqual(t, maxHolders, 1, "the backend never shows two holders")
+	require.GreaterOrEqual(t, len(grants), 3, "the lock changed hands")
+	slices.SortFunc(grants, func(a, b *opsB9Grant) int { return a.at.Compare(b.at) })
+	var overlaps int
+	var overlap, slowest time.Duration
+	reasons := map[string]int{}
+	for i, g := range grants {
+		if g.lostAt.IsZero() {
+			continue // still held when the run ended
+		}
+		reasons[g.reason]++
+		assert.Contains(t, []string{"expired", "taken_over"}, g.reason, "a renewal found the lease gone")
+		held := g.lostAt.Sub(g.at)
+		slowest = max(slowest, held)
+		assert.LessOrEqual(t, held, opsRenewMax(ttl)+600*time.Millisecond,
+			"lost at the first renewal, long before the local deadline (%s)", opsMs(ttl-opsMargin(ttl)))
+		if i > 0 {
+			assert.Greater(t, g.token, grants[i-1].token, "fencing tokens increase")
+		}
+		if i+1 < len(grants) && grants[i+1].at.Before(g.lostAt) {
+			overlaps++
+			overlap += g.lostAt.Sub(grants[i+1].at)
+			assert.Greater(t, grants[i+1].token, g.token, "the newer holder of an overlap has the higher token")
+		}
+	}
+	accepted, rejected := reg.Counts()
+	assert.Positive(t, accepted)
+	t.Logf("B9 Redis clock x5: %d grants, lost reasons %v, longest grant→lost %s (renew ≤ %s, local deadline %s); "+
+		"apps overlapped %d times for %s in all (documented limitation), fenced writes accepted %d, stale rejected %d; backend holders ≤ %d",
+		len(grants), reasons, opsMs(slowest), opsMs(opsRenewMax(ttl)), opsMs(ttl-opsMargin(ttl)), overlaps, opsMs(overlap), accepted, rejected, maxHolders)
+}
+
+// ---------------------------------------------------------------------------
+// B10: an eviction policy other than noeviction.
+
+func TestB10_EvictionPolicy(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	f := startFleet(t, 2, redistest.Options{Args: []string{"--maxmemory-policy", "allkeys-lru"}}, "")
+	warned := func(a *fleetAgent, policy string) bool {
+		for _, line := range strings.Split(opsStartupLog(t, a), "\n") {
+			if strings.Contains(line, "[WARN]") && strings.Contains(line, "maxmemory-policy") && strings.Contains(line, policy) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, a := range f.agents {
+		assert.True(t, warned(a, "allkeys-lru"), "the agent warns at start, naming the policy; stderr:\n%s", a.proc.stderr)
+	}
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
+	assert.True(t, warned(f.addAgent(t, ""), "volatile-lru"), "volatile-lru evicts lock keys first")
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	assert.False(t, warned(f.addAgent(t, ""), "maxmemory-policy"), "no warning under noeviction")
+
+	holder := f.agents[0].client(t, "b10-holder")
+	hlog := opsRecordEvents(holder)
+	other := f.agents[1].client(t, "b10-other")
+
+	// An eviction nobody races: the holder is told at its next renewal.
+	solo := mustAcquire(t, holder, "b10/solo", opsTTL(ttl))
+	evicted := time.Now()
+	require.EqualValues(t, 1, rc.Del(ctx, opsKey(solo.Name)).Val())
+	ev := hlog.waitLost(t, solo.Lease, ttl)
+	soloAfter := ev.at.Sub(evicted)
+	assert.Equal(t, "expired", ev.Reason)
+	assert.LessOrEqual(t, soloAfter, opsRenewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
+	next := mustAcquire(t, other, solo.Name, opsTTL(ttl))
+	assert.Greater(t, next.Token, solo.Token)
+
+	// An eviction while an app on the other agent tries in a loop: it gets
+	// the lock at once; the old holder's next renewal finds the other lease
+	// and never takes the key back.
+	old := mustAcquire(t, holder, "b10/x", opsTTL(ttl))
+	type grab struct {
+		l   lease
+		at  time.Time
+		err error
+	}
+	got := make(chan grab, 1)
+	go func() {
+		for {
+			var l lease
+			err := other.Call(ctx, "acquire", map[string]any{"name": old.Name, "ttl_ms": ttl.Milliseconds()}, &l)
+			if err != nil || l.Acquired {
+				got <- grab{l, time.Now(), err}
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the contender is looping
+	evicted = time.Now()
+	require.EqualValues(t, 1, rc.Del(ctx, opsKey(old.Name)).Val())
+	var g grab
+	select {
+	case g = <-got:
+	case <-time.After(callTimeout):
+		t.Fatal("the contender did not get the evicted lock")
+	}
+	require.NoError(t, g.err)
+	assert.Greater(t, g.l.Token, old.Token, "the new grant's token is higher")
+	ev = hlog.waitLost(t, old.Lease, ttl)
+	lostAfter := ev.at.Sub(evicted)
+	assert.Contains(t, []string{"taken_over", "expired"}, ev.Reason)
+	assert.LessOrEqual(t, lostAfter, opsRenewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
+
+	// The backend has one holder, the new one, and the old lease is dead.
+	owner, err := rc.HGet(ctx, opsKey(old.Name), "o").Result()
+	require.NoError(t, err)
+	assert.Equal(t, g.l.Lease, owner, "the old holder never took the key back")
+	info := inspect(t, other, old.Name)
+	require.Len(t, info.Holders, 1)
+	assert.Equal(t, g.l.Token, info.Holders[0].Token)
+	assert.True(t, opsCheck(t, other, g.l.Lease).Held)
+	err = holder.Call(ctx, "check", map[string]any{"lease": old.Lease}, nil)
+	var se *socketapi.Error
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, "not_held", se.Code)
+	t.Logf("B10 eviction policy: warned for allkeys-lru and volatile-lru, not for noeviction; evicted key → lost (%s) after %s; "+
+		"with a contender: it took the lock %s after the eviction, the old holder was told (%s) %s after the eviction, an exposure of %s fenced by tokens %d < %d",
+		"expired", opsMs(soloAfter), opsMs(g.at.Sub(evicted)), ev.Reason, opsMs(lostAfter), opsMs(ev.at.Sub(g.at)), old.Token, g.l.Token)
+}
+
+// ---------------------------------------------------------------------------
+// C1, C2: the agent SIGSTOPped.
+
+// TestC1_AgentStoppedTwiceTTL: the agent is stopped for 2 x TTL while its
+// apps hold leases; another agent's app takes each lock once it expires.
+// The apps, unaware, send requests meanwhile, which wait in their sockets.
+// On SIGCONT the first thing each app reads is `lost` (testing.md C1), in
+// particular no answer says that the dead lease is still held (redis.md
+// 7.15), and the stopped agent never renews an old lease: the other
+// holder's key keeps its owner and is renewed by the other agent only.
+// What comes first after SIGCONT is a race inside each agent process, so
+// the test stops three agents at once, three times.
+func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
+	t.Parallel()
+	const ttl = 1500 * time.Millisecond
+	const victims = 3 // agents stopped; the last agent of the fleet takes over
+	const perAgent = 2
+	const apps = victims * perAgent
+	const rounds = 3
+	f := startFleet(t, victims+1, redistest.Options{}, "")
+	taker := f.agents[victims]
+	mon := opsStartMonitor(t, f.redis.Addr())
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+
+	type holder struct {
+		conn  *opsRawConn
+		name  string
+		lease string
+		token uint64
+	}
+	hs := make([]*holder, apps)
+	for i := range hs {
+		hs[i] = &holder{conn: opsDialRaw(t, f.agents[i/perAgent].env.socket), name: fmt.Sprintf("c1/%d/%d", i/perAgent, i%perAgent)}
+		hs[i].conn.roundTrip(t, "h", fmt.Sprintf(`{"id":"h","op":"hello","version":1,"client":"c1-app-%d"}`, i))
+	}
+	other := taker.client(t, "c1-other")
+	olog := opsRecordEvents(other)
+
+	var seqs, notFirst, heldBefore []string
+	var lostAfter, tookAfter time.Duration
+	oldRenewals := 0
+	took := map[string]lease{}
+	var continued time.Time
+	for round := range rounds {
+		for _, h := range hs {
+			res := h.conn.roundTrip(t, "a", fmt.Sprintf(`{"id":"a","op":"acquire","name":%q,"ttl_ms":%d}`, h.name, ttl.Milliseconds()))
+			require.Equal(t, true, res["acquired"], "round %d: %v", round, res)
+			h.lease = res["lease"].(string)
+			h.token = uint64(res["token"].(float64))
+		}
+		got := make(chan lease, apps)
+		for _, h := range hs {
+			go func() {
+				var l lease
+				other.Call(ctx, "acquire", map[string]any{"name": h.name, "wait_ms": 10000, "ttl_ms": ttl.Milliseconds()}, &l)
+				got <- l
+			}()
+		}
+		taker.waitQueued(t, apps)
+
+		stoppedAt := time.Now()
+		for _, a := range f.agents[:victims] {
+			opsStop(t, a.proc)
+		}
+		for range apps {
+			select {
+			case l := <-got:
+				require.True(t, l.Acquired)
+				took[l.Name] = l
+			case <-time.After(2 * ttl):
+				t.Fatal("the other agent's app did not get the locks")
+			}
+		}
+		tookAfter = max(tookAfter, time.Since(stoppedAt))
+		for _, h := range hs {
+			assert.Greater(t, took[h.name].Token, h.token, h.name)
+		}
+		assert.GreaterOrEqual(t, time.Since(stoppedAt), ttl-opsRenewMax(ttl)-100*time.Millisecond, "not before the stopped agent's leases expired")
+
+		// The apps ask about their locks while the agent is stopped.
+		for _, h := range hs {
+			h.conn.send(t, `{"id":"p","op":"ping"}`)
+			h.conn.send(t, `{"id":"l","op":"list"}`)
+			h.conn.send(t, fmt.Sprintf(`{"id":"t","op":"acquire","name":%q}`, h.name))
+			h.conn.send(t, fmt.Sprintf(`{"id":"c","op":"check","lease":%q}`, h.lease))
+		}
+		time.Sleep(time.Until(stoppedAt.Add(2 * ttl)))
+		continued = time.Now()
+		for _, a := range f.agents[:victims] {
+			a.proc.signal(t, syscall.SIGCONT)
+		}
+
+		for _, h := range hs {
+			var seq []string
+			answers := map[string]map[string]any{}
+			var lostEv map[string]any
+			for len(answers) < 4 {
+				l := h.conn.next(t, callTimeout)
+				if ev, _ := l.m["event"].(string); ev != "" {
+					seq = append(seq, ev)
+					if ev == "lost" && l.m["lease"] == h.lease {
+						lostEv = l.m
+						lostAfter = max(lostAfter, l.at.Sub(continued))
+					}
+					continue
+				}
+				id, _ := l.m["id"].(string)
+				seq = append(seq, id)
+				answers[id] = l.m
+				if lostEv != nil {
+					continue
+				}
+				switch {
+				case id == "l" && strings.Contains(l.text, h.lease):
+					heldBefore = append(heldBefore, fmt.Sprintf("round %d %s: list shows the dead lease", round, h.name))
+				case id == "t" && strings.Contains(l.text, "already_held"):
+					heldBefore = append(heldBefore, fmt.Sprintf("round %d %s: acquire answered already_held with the dead lease", round, h.name))
+				case l.m["held"] == true:
+					heldBefore = append(heldBefore, fmt.Sprintf("round %d %s: check answered held", round, h.name))
+				}
+			}
+			s := strings.Join(seq, ",")
+			seqs = append(seqs, s)
+			require.NotNil(t, lostEv, "%s: the stopped agent reports the lease lost; lines %v", h.name, seq)
+			assert.Contains(t, []string{"expired", "backend_unavailable"}, lostEv["reason"], h.name)
+			if seq[0] != "lost" {
+				notFirst = append(notFirst, fmt.Sprintf("round %d %s: %s", round, h.name, s))
+			}
+			assert.NotEqual(t, true, answers["c"]["held"], "%s: check after the stop: %v", h.name, answers["c"])
+			assert.NotEqual(t, true, answers["t"]["acquired"], "%s: the other app holds it: %v", h.name, answers["t"])
+			for _, at := range mon.renewals(h.lease) {
+				if !at.Before(stoppedAt) {
+					oldRenewals++
+				}
+			}
+		}
+		if round+1 < rounds {
+			for _, h := range hs {
+				opsRelease(t, other, took[h.name].Lease)
+			}
+		}
+	}
+
+	// The other holders are untouched for two renewals: same owner,
+	// renewed by their own agent only.
+	time.Sleep(2 * opsRenewMax(ttl))
+	newRenewals := 0
+	for _, h := range hs {
+		nl := took[h.name]
+		owner, err := rc.HGet(ctx, opsKey(h.name), "o").Result()
+		require.NoError(t, err)
+		assert.Equal(t, nl.Lease, owner, h.name)
+		assert.True(t, opsCheck(t, other, nl.Lease).Held, h.name)
+		_, otherLost := olog.lost(nl.Lease)
+		assert.False(t, otherLost, h.name)
+		pttl := rc.PTTL(ctx, opsKey(h.name)).Val()
+		assert.Greater(t, pttl, ttl-opsRenewMax(ttl)-200*time.Millisecond, "%s renewed", h.name)
+		for _, at := range mon.renewals(h.lease) { // the last round's old lease
+			if at.After(continued) {
+				oldRenewals++
+			}
+		}
+		n := 0
+		for _, at := range mon.renewals(nl.Lease) {
+			if at.After(continued) {
+				n++
+			}
+		}
+		assert.GreaterOrEqual(t, n, 1, "%s: the other agent keeps renewing its lease", h.name)
+		newRenewals += n
+	}
+	assert.Zero(t, oldRenewals, "the stopped agent never renews an old lease after the stop")
+	t.Logf("C1 %d agents stopped %s (2×TTL) %d times with %d leases each: the other agent's app took them within %s of the stop with higher tokens; lost within %s of SIGCONT; "+
+		"lines read per app %v; renewals of old leases after their stop: %d; of the new ones after the last SIGCONT: %d",
+		victims, opsMs(2*ttl), rounds, perAgent, opsMs(tookAfter), opsMs(lostAfter), seqs, oldRenewals, newRenewals)
+	assert.Empty(t, heldBefore, "BUG: after SIGCONT, answers that present a dead lease as held came before its `lost`")
+	assert.Empty(t, notFirst, "BUG: on SIGCONT, `lost` must come before anything else (lines each app read)")
+}
+
+// TestC2_AgentStoppedBriefly: a stop of 0.3 x TTL loses nothing.
+func TestC2_AgentStoppedBriefly(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	f := startFleet(t, 2, redistest.Options{}, "")
+	rc := f.redis.Client(t)
+	app := f.agents[0].client(t, "c2-app")
+	lg := opsRecordEvents(app)
+	other := f.agents[1].client(t, "c2-other")
+	var held []lease
+	for i := range 3 {
+		held = append(held, mustAcquire(t, app, fmt.Sprintf("c2/%d", i), opsTTL(ttl)))
+	}
+	// Stop just after a renewal is due at the latest, so the pause
+	// spans a renewal.
+	time.Sleep(opsRenewMax(ttl) / 2)
+	stoppedAt := time.Now()
+	opsStop(t, f.agents[0].proc)
+	time.Sleep(ttl * 3 / 10)
+	f.agents[0].proc.signal(t, syscall.SIGCONT)
+	continued := time.Now()
+
+	// Longer than a TTL after the stop: only renewals after it can keep
+	// the keys.
+	time.Sleep(ttl + 300*time.Millisecond)
+	for _, l := range held {
+		_, lost := lg.lost(l.Lease)
+		require.False(t, lost, "%s: nothing lost; events %v", l.Name, lg.kinds())
+		assert.True(t, opsCheck(t, app, l.Lease).Held, l.Name)
+		owner, err := rc.HGet(t.Context(), opsKey(l.Name), "o").Result()
+		require.NoError(t, err)
+		assert.Equal(t, l.Lease, owner)
+		assert.False(t, tryAcquire(t, other, l.Name, nil).Acquired)
+	}
+	t.Logf("C2 agent stopped %s (0.3×TTL): %d leases kept, still held %s after SIGCONT; events %v",
+		opsMs(continued.Sub(stoppedAt)), len(held), opsMs(time.Since(continued)), lg.kinds())
+}
+
+// ---------------------------------------------------------------------------
+// C3 with Redis: the agent kill -9'd while its app holds locks.
+
+func TestC3_RedisAgentKilled(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	f := startFleet(t, 2, redistest.Options{}, "")
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+	app := f.agents[0].client(t, "c3-app")
+	taken := mustAcquire(t, app, "c3/taken", opsTTL(ttl)) // another agent waits for it
+	alone := mustAcquire(t, app, "c3/alone", opsTTL(ttl)) // nobody else wants it
+
+	other := f.agents[1].client(t, "c3-other")
+	got := make(chan lease, 1)
+	go func() {
+		var l lease
+		other.Call(ctx, "acquire", map[string]any{"name": taken.Name, "wait_ms": 10000, "ttl_ms": ttl.Milliseconds()}, &l)
+		got <- l
+	}()
+	f.agents[1].waitQueued(t, 1)
+
+	// Kill it once it has renewed its leases at least once.
+	granted := time.Now()
+	eventually(t, opsRenewMax(ttl)+time.Second, "a renewal", func() bool {
+		return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, opsKey(alone.Name)).Val() > ttl-150*time.Millisecond
+	})
+	killed := time.Now()
+	killAgent(t, f.agents[0].proc)
+	waitDone(t, app, time.Second)
+	eof := time.Since(killed)
+
+	// The keys expire on their own: each within TTL of the kill, not
+	// sooner than its last renewal allows.
+	gone := map[string]time.Duration{}
+	eventually(t, ttl+time.Second, "the keys expire", func() bool {
+		for _, n := range []string{taken.Name, alone.Name} {
+			if _, ok := gone[n]; ok {
+				continue
+			}
+			owner, err := rc.HGet(ctx, opsKey(n), "o").Result()
+			if err == goredis.Nil || (n == taken.Name && err == nil && owner != taken.Lease) {
+				gone[n] = time.Since(killed)
+			}
+		}
+		return len(gone) == 2
+	})
+	for n, d := range gone {
+		assert.LessOrEqual(t, d, ttl+100*time.Millisecond, "%s expired within TTL", n)
+		assert.GreaterOrEqual(t, d, ttl-opsRenewMax(ttl)-100*time.Millisecond, "%s was not released early", n)
+	}
+	var w lease
+	select {
+	case w = <-got:
+	case <-time.After(callTimeout):
+		t.Fatal("the waiter on the other agent did not get the lock")
+	}
+	waited := time.Since(killed)
+	require.True(t, w.Acquired)
+	assert.Greater(t, w.Token, taken.Token)
+
+	// The restarted agent grants above every old token.
+	f.agents[0].start(t)
+	app2 := f.agents[0].client(t, "c3-app2")
+	again := mustAcquire(t, app2, alone.Name, opsTTL(ttl))
+	assert.Greater(t, again.Token, alone.Token)
+	opsRelease(t, other, w.Lease)
+	back := mustAcquire(t, app2, taken.Name, opsTTL(ttl))
+	assert.Greater(t, back.Token, w.Token)
+	t.Logf("C3 agent kill -9: app saw EOF after %s; keys expired %s / %s after the kill (TTL %s); the waiter on the other agent got it after %s with token %d > %d; restarted agent's tokens %d > %d, %d > %d",
+		opsMs(eof), opsMs(gone[taken.Name]), opsMs(gone[alone.Name]), opsMs(ttl), opsMs(waited), w.Token, taken.Token, again.Token, alone.Token, back.Token, w.Token)
+}
+
+// ---------------------------------------------------------------------------
+// Sentinel: a failover under a held lease.
+
+func TestSentinel_Failover(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	sn := redistest.StartSentinel(t)
+	a := opsAgent(t, fmt.Sprintf("  addresses   = %s\n  master_name = %q", opsHCLList(sn.SentinelAddrs()), sn.MasterName()))
+	app := a.client(t, "sentinel-app")
+	lg := opsRecordEvents(app)
+
+	var before []uint64
+	for i := range 4 {
+		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), opsTTL(ttl))
+		before = append(before, l.Token)
+		opsRelease(t, app, l.Lease)
+	}
+	var held []lease
+	for i := range 4 {
+		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), opsTTL(ttl))
+		before = append(before, l.Token)
+		held = append(held, l)
+	}
+	oldPrimary := sn.Primary().Addr()
+	start := time.Now()
+	sn.Failover(t)
+	failedOver := time.Now()
+	require.NotEqual(t, oldPrimary, sn.Primary().Addr())
+
+	// The agent serves new acquires on the new primary.
+	fresh := acquireSoon(t, app, "sn/fresh", 15*time.Second)
+	serving := time.Since(failedOver)
+	assert.Greater(t, fresh.Token, opsMaxToken(before), "a grant after the failover has a higher token")
+
+	// After more than a TTL, each lease is either kept (so renewed on the
+	// new primary) or was reported lost with a documented reason.
+	time.Sleep(time.Until(failedOver.Add(ttl + 500*time.Millisecond)))
+	rc := sn.Primary().Client(t)
+	outcome := map[string]int{}
+	for _, l := range held {
+		if ev, lost := lg.lost(l.Lease); lost {
+			assert.Contains(t, []string{"expired", "taken_over", "backend_unavailable"}, ev.Reason, l.Name)
+			outcome["lost:"+ev.Reason]++
+			next := mustAcquire(t, app, l.Name, opsTTL(ttl))
+			assert.Greater(t, next.Token, l.Token)
+			continue
+		}
+		outcome["kept"]++
+		r := opsCheck(t, app, l.Lease)
+		assert.True(t, r.Held, "%s: kept without a lost event, so held", l.Name)
+		owner, err := rc.HGet(t.Context(), opsKey(l.Name), "o").Result()
+		require.NoError(t, err, "%s is on the new primary", l.Name)
+		assert.Equal(t, l.Lease, owner)
+		opsRelease(t, app, l.Lease)
+		next := mustAcquire(t, app, l.Name, opsTTL(ttl))
+		assert.Greater(t, next.Token, l.Token, "%s: tokens keep increasing after the failover", l.Name)
+	}
+	t.Logf("Sentinel failover: took %s; new acquires served %s after it (token %d > %d); leases %v; events %v",
+		opsMs(failedOver.Sub(start)), opsMs(serving), fresh.Token, opsMaxToken(before), outcome, lg.kinds())
+}
+
+// ---------------------------------------------------------------------------
+// Cluster: three primaries, two agents.
+
+func TestCluster_TwoAgents(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	cl := redistest.StartCluster(t, 3)
+	body := fmt.Sprintf("  addresses = %s\n  cluster   = true", opsHCLList(cl.Addrs()))
+	agents := []*fleetAgent{opsAgent(t, body), opsAgent(t, body)}
+	cc := cl.Client(t)
+	ctx := t.Context()
+
+	// Which primary owns each name's slot.
+	slots, err := cc.ClusterSlots(ctx).Result()
+	require.NoError(t, err)
+	ownerOf := func(name string) string {
+		slot, err := cc.ClusterKeySlot(ctx, opsKey(name)).Result()
+		require.NoError(t, err)
+		for _, s := range slots {
+			if int64(s.Start) <= slot && slot <= int64(s.End) {
+				return s.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no node serves slot %d", slot)
+		return ""
+	}
+	nodes := map[string]*goredis.Client{}
+	for _, addr := range cl.Addrs() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		t.Cleanup(func() { c.Close() })
+		nodes[addr] = c
+	}
+
+	// Many names, granted on both agents: each key lives on its slot's
+	// primary, and all three primaries are used.
+	apps := []*socketapi.Client{agents[0].client(t, "cl-0"), agents[1].client(t, "cl-1")}
+	logs := []*opsEventLog{opsRecordEvents(apps[0]), opsRecordEvents(apps[1])}
+	perNode := map[string][]string{}
+	for i := range 24 {
+		n := fmt.Sprintf("cl/%d", i)
+		addr := ownerOf(n)
+		perNode[addr] = append(perNode[addr], n)
+		l := mustAcquire(t, apps[i%2], n, opsTTL(ttl))
+		owner, err := nodes[addr].HGet(ctx, opsKey(n), "o").Result()
+		require.NoError(t, err, "%s lives on %s", n, addr)
+		assert.Equal(t, l.Lease, owner)
+		assert.False(t, tryAcquire(t, apps[(i+1)%2], n, nil).Acquired, "%s is held across agents", n)
+		opsRelease(t, apps[i%2], l.Lease)
+	}
+	require.Len(t, perNode, 3, "the names are spread over the three primaries")
+
+	// A1 across agents, one name per primary: the waiter on the other
+	// agent is woken by the release.
+	var slowest time.Duration
+	for addr, names := range perNode {
+		n := names[0]
+		holder := agents[0].client(t, "cl-holder")
+		l := mustAcquire(t, holder, n, opsTTL(ttl))
+		waiter := agents[1].client(t, "cl-waiter")
+		got := make(chan lease, 1)
+		go func() {
+			var w lease
+			waiter.Call(ctx, "acquire", map[string]any{"name": n, "wait_ms": 10000, "ttl_ms": ttl.Milliseconds()}, &w)
+			got <- w
+		}()
+		agents[1].waitQueued(t, 1)
+		dropped := time.Now()
+		holder.Close()
+		var w lease
+		select {
+		case w = <-got:
+		case <-time.After(callTimeout):
+			t.Fatalf("%s (on %s): the waiter did not get the lock", n, addr)
+		}
+		took := time.Since(dropped)
+		require.True(t, w.Acquired)
+		assert.Greater(t, w.Token, l.Token)
+		assert.Less(t, took, 500*time.Millisecond, "%s (on %s): the waiter was woken by the release", n, addr)
+		slowest = max(slowest, took)
+		waiter.Close()
+	}
+
+	// Mutual exclusion and increasing tokens: four apps, two per agent,
+	// race for a hot set spanning the primaries.
+	var hot []string
+	for _, names := range perNode {
+		hot = append(hot, names[1], names[2])
+	}
+	h := lockcheck.NewHistory()
+	wctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var workers []*socketapi.Client
+	var wlogs []*opsEventLog
+	for i := range 4 {
+		c := agents[i%2].client(t, fmt.Sprintf("cl-worker-%d", i))
+		workers = append(workers, c)
+		wlogs = append(wlogs, opsRecordEvents(c))
+	}
+	for i, c := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for wctx.Err() == nil {
+				n := hot[rng.IntN(len(hot))]
+				at := h.Now()
+				var l lease
+				err := c.Call(ctx, "acquire", map[string]any{"name": n, "wait_ms": 2000, "ttl_ms": ttl.Milliseconds()}, &l)
+				if err != nil {
+					t.Errorf("worker %d: acquire %s: %v", i, n, err)
+					return
+				}
+				h.Add(at, lockcheck.Input{Kind: lockcheck.Acquire, Name: n, Client: i}, lockcheck.Output{OK: l.Acquired, Token: l.Token})
+				if !l.Acquired {
+					continue
+				}
+				time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				at = h.Now()
+				var r struct {
+					Released bool `json:"released"`
+				}
+				if err := c.Call(ctx, "release", map[string]any{"lease": l.Lease}, &r); err != nil {
+					t.Errorf("worker %d: release %s: %v", i, n, err)
+					return
+				}
+				h.Add(at, lockcheck.Input{Kind: lockcheck.Release, Name: n, Client: i}, lockcheck.Output{OK: r.Released})
+			}
+		}()
+	}
+	wg.Wait()
+	res, err := lockcheck.CheckStrict(h, t.TempDir())
+	require.NoError(t, err)
+	assert.True(t, res.OK, "one holder at a time, tokens increasing; see %s", res.Visualization)
+	assert.Greater(t, res.Operations, 100)
+	for _, lg := range append(wlogs, logs...) {
+		assert.Empty(t, lg.kinds(), "no event in a fault-free run")
+	}
+	spread := map[string]int{}
+	for addr, names := range perNode {
+		spread[addr] = len(names)
+	}
+	t.Logf("Cluster: 24 names over 3 primaries %v; A1 across agents on each primary, slowest %s; %d operations by 4 apps on 2 agents over %d hot names: linearizable",
+		spread, opsMs(slowest), res.Operations, len(hot))
+}
