@@ -31,29 +31,6 @@ import (
 	"github.com/lockagent/lockagent/socketapi"
 )
 
-// fltMargin is the agent's safety margin for a TTL (docs/protocol.md, "When
-// a lease is lost"): TTL/100 + 2 ms + the 50 ms notify budget.
-func fltMargin(ttl time.Duration) time.Duration { return ttl/100 + 52*time.Millisecond }
-
-// fltRenewMax is the longest renew interval: TTL/3 plus 10% jitter.
-func fltRenewMax(ttl time.Duration) time.Duration { return ttl/3 + ttl/30 }
-
-// fltKey is the Redis key of an exclusive lock (key_prefix "e2e").
-func fltKey(name string) string { return "e2e:lk:{" + name + "}" }
-
-// fltTTL is the extra acquire argument for a TTL.
-func fltTTL(ttl time.Duration) map[string]any { return map[string]any{"ttl_ms": ttl.Milliseconds()} }
-
-// fltMs formats a duration in whole milliseconds, for the summary lines.
-func fltMs(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
-
-// fltCheckResult is check's result.
-type fltCheckResult struct {
-	Held        bool   `json:"held"`
-	Token       uint64 `json:"token"`
-	ExpiresInMs int64  `json:"expires_in_ms"`
-}
-
 // fltCode is the error code of a failed call, or "".
 func fltCode(err error) string {
 	var e *socketapi.Error
@@ -80,7 +57,7 @@ type fltRedisLock struct {
 func fltReadLock(rc *goredis.Client, name string) (fltRedisLock, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	k := fltKey(name)
+	k := lockKey(name)
 	var hm *goredis.SliceCmd
 	var pt *goredis.Cmd
 	if _, err := rc.TxPipelined(ctx, func(p goredis.Pipeliner) error {
@@ -111,7 +88,7 @@ func fltReadLock(rc *goredis.Client, name string) (fltRedisLock, error) {
 func fltMustReadLock(t *testing.T, rc *goredis.Client, name string) fltRedisLock {
 	t.Helper()
 	l, err := fltReadLock(rc, name)
-	require.NoError(t, err, "read %s in redis", fltKey(name))
+	require.NoError(t, err, "read %s in redis", lockKey(name))
 	return l
 }
 
@@ -131,98 +108,6 @@ func fltWaitRenewal(t *testing.T, rc *goredis.Client, name string, timeout time.
 		return up
 	})
 	return at
-}
-
-// fltEvent is an event with the time it reached the test.
-type fltEvent struct {
-	at time.Time
-	socketapi.Event
-}
-
-// fltEventLog records every event of a connection as it arrives.
-type fltEventLog struct {
-	mu  sync.Mutex
-	evs []fltEvent
-}
-
-// fltRecordEvents drains c's events into a log, until the connection ends.
-// Do not use waitEvent on c as well.
-func fltRecordEvents(c *socketapi.Client) *fltEventLog {
-	l := &fltEventLog{}
-	go func() {
-		for ev := range c.Events() {
-			at := time.Now()
-			l.mu.Lock()
-			l.evs = append(l.evs, fltEvent{at, ev})
-			l.mu.Unlock()
-		}
-	}()
-	return l
-}
-
-func (l *fltEventLog) all() []fltEvent {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]fltEvent(nil), l.evs...)
-}
-
-// lost returns the lost event of a lease, if it came.
-func (l *fltEventLog) lost(leaseID string) (fltEvent, bool) {
-	for _, ev := range l.all() {
-		if ev.Event.Event == "lost" && ev.Lease == leaseID {
-			return ev, true
-		}
-	}
-	return fltEvent{}, false
-}
-
-// lostSoon is lost, giving the event up to d to be recorded: it reaches
-// the client before a response that follows it, but the recording
-// goroutine may not have caught up yet.
-func (l *fltEventLog) lostSoon(leaseID string, d time.Duration) (fltEvent, bool) {
-	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
-		if ev, ok := l.lost(leaseID); ok || time.Since(start) > d {
-			return ev, ok
-		}
-	}
-}
-
-func (l *fltEventLog) waitLost(t *testing.T, leaseID string, timeout time.Duration) fltEvent {
-	t.Helper()
-	var ev fltEvent
-	eventually(t, timeout, "a lost event for "+leaseID, func() bool {
-		var ok bool
-		ev, ok = l.lost(leaseID)
-		return ok
-	})
-	return ev
-}
-
-// count counts the events of a kind (and, for backend events, a state).
-func (l *fltEventLog) count(kind, state string) int {
-	n := 0
-	for _, ev := range l.all() {
-		if ev.Event.Event == kind && (state == "" || ev.State == state) {
-			n++
-		}
-	}
-	return n
-}
-
-// summary lists the events as kind[:state|reason], for logs.
-func (l *fltEventLog) summary() string {
-	var parts []string
-	for _, ev := range l.all() {
-		s := ev.Event.Event
-		if ev.State != "" {
-			s += ":" + ev.State
-		}
-		if ev.Reason != "" {
-			s += ":" + ev.Reason
-		}
-		parts = append(parts, s)
-	}
-	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // fltLeaseCount counts the leases an agent lists, across its sessions.
@@ -373,7 +258,7 @@ func (m *fltMonitor) acquireLeases(name string) []string {
 	seen := map[string]bool{}
 	for _, c := range m.scriptCalls() {
 		nkeys, err := strconv.Atoi(c.args[2])
-		if err == nil && nkeys == 4 && len(c.args) == 3+nkeys+7 && c.args[3] == fltKey(name) && !seen[c.args[3+nkeys]] {
+		if err == nil && nkeys == 4 && len(c.args) == 3+nkeys+7 && c.args[3] == lockKey(name) && !seen[c.args[3+nkeys]] {
 			seen[c.args[3+nkeys]] = true
 			out = append(out, c.args[3+nkeys])
 		}
@@ -397,7 +282,7 @@ func (m *fltMonitor) trace(name string, base time.Time) string {
 	var b strings.Builder
 	for _, c := range m.scriptCalls() {
 		nkeys, err := strconv.Atoi(c.args[2])
-		if err != nil || len(c.args) < 4 || c.args[3] != fltKey(name) {
+		if err != nil || len(c.args) < 4 || c.args[3] != lockKey(name) {
 			continue
 		}
 		lease := ""
@@ -467,7 +352,7 @@ func (h *fltHistory) problem(format string, args ...any) {
 
 // use keeps a fresh grant for hold, or until it is lost, then releases it,
 // and records the hold and the release.
-func (h *fltHistory) use(who int, c *socketapi.Client, ev *fltEventLog, name string, l lease, got time.Time, hold time.Duration) {
+func (h *fltHistory) use(who int, c *socketapi.Client, ev *eventLog, name string, l lease, got time.Time, hold time.Duration) {
 	for until := got.Add(hold); time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
 		if _, lost := ev.lost(l.Lease); lost {
 			break
@@ -558,7 +443,7 @@ func TestA2_DropWhileRedisBlackholed(t *testing.T) {
 	app := a.client(t, "a2-app")
 	var held []lease
 	for _, n := range names {
-		held = append(held, mustAcquire(t, app, n, fltTTL(ttl)))
+		held = append(held, mustAcquire(t, app, n, ttlArg(ttl)))
 	}
 	observer := a.client(t, "a2-observer")
 	// Renewals work; the fault starts right after one.
@@ -607,10 +492,10 @@ func TestA2_DropWhileRedisBlackholed(t *testing.T) {
 
 	// Another agent takes the names, while A's link is still black-holed.
 	next := b.client(t, "a2-next")
-	nextEv := fltRecordEvents(next)
+	nextEv := recordEvents(next)
 	var taken []lease
 	for i, n := range names {
-		l := mustAcquire(t, next, n, fltTTL(5*time.Second))
+		l := mustAcquire(t, next, n, ttlArg(5*time.Second))
 		assert.Greater(t, l.Token, held[i].Token, "%s: the next holder's token", n)
 		taken = append(taken, l)
 	}
@@ -630,7 +515,7 @@ func TestA2_DropWhileRedisBlackholed(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for i := range names {
-		var cr fltCheckResult
+		var cr checkResult
 		call(t, next, "check", map[string]any{"lease": taken[i].Lease}, &cr)
 		assert.True(t, cr.Held, "the next holder's lease of %s", names[i])
 	}
@@ -651,7 +536,7 @@ func TestA2_DropWhileRedisBlackholed(t *testing.T) {
 	connsAll := a.proxy.Conns() - conns0
 	assert.LessOrEqual(t, connsAll, 10, "connections agent A opened to redis from the black hole on")
 	t.Logf("A2: %d locks, app dropped %s into a black hole of %s; agent forgot them within %s; keys expired <= %s after the black hole began (ttl %s), %d extensions; after the heal: %d renewals and %d releases of the dropped leases reached redis, nothing resurrected; connections through A's proxy: %d during the fault, %d in all; violations %d",
-		len(names), fltMs(dropped.Sub(t0)), fltMs(healed.Sub(t0)), fltMs(forgotten), fltMs(last), fltMs(ttl), extended, renews, releases, connsFault, connsAll, extended)
+		len(names), msString(dropped.Sub(t0)), msString(healed.Sub(t0)), msString(forgotten), msString(last), msString(ttl), extended, renews, releases, connsFault, connsAll, extended)
 }
 
 // TestB1_BlackholeLongerThanTTL: agent A's link to Redis is black-holed
@@ -668,8 +553,8 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	rc := f.redis.Client(t)
 
 	holder := a.client(t, "b1-holder")
-	hEv := fltRecordEvents(holder)
-	old := mustAcquire(t, holder, name, fltTTL(ttl))
+	hEv := recordEvents(holder)
+	old := mustAcquire(t, holder, name, ttlArg(ttl))
 	var reg lockcheck.Register
 	require.True(t, reg.Write(old.Token), "the holder's first write")
 
@@ -704,7 +589,7 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	require.NoError(t, g.err, "the waiter on agent B")
 	require.True(t, g.l.Acquired, "the waiter on agent B: %s", g.l.Reason)
 	lostAfter, grantAfter := lost.at.Sub(t0), g.at.Sub(t0)
-	deadline := ttl - fltMargin(ttl)
+	deadline := ttl - leaseMargin(ttl)
 
 	violations := 0
 	if !lost.at.Before(g.at) {
@@ -713,7 +598,7 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	}
 	assert.Equal(t, "backend_unavailable", lost.Reason, "the holder's lost reason; events %s", hEv.summary())
 	assert.LessOrEqual(t, lostAfter, deadline+150*time.Millisecond, "lost at the local deadline (<= %v after the last renewal)", deadline)
-	assert.GreaterOrEqual(t, lostAfter, deadline-fltRenewMax(ttl)-50*time.Millisecond, "lost long before the local deadline")
+	assert.GreaterOrEqual(t, lostAfter, deadline-renewMax(ttl)-50*time.Millisecond, "lost long before the local deadline")
 	assert.Greater(t, g.l.Token, old.Token, "the new holder's token")
 
 	// The fenced resource: B writes, then the old holder's write is refused.
@@ -737,7 +622,7 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	}
 	assert.True(t, degradedFirst, "the link was black-holed %v before the loss, and the holder had no `backend degraded` event before it: %s", lostAfter, hEv.summary())
 	t.Logf("B1: ttl %s, black hole %s; holder lost (%s) %s after it began (local deadline <= %s); B granted %s after it, %s after the loss; tokens %d -> %d; register accepted %d, rejected %d; degraded event before lost: %v; holder's events %s; safety violations %d",
-		fltMs(ttl), fltMs(healed.Sub(t0)), lost.Reason, fltMs(lostAfter), fltMs(deadline), fltMs(grantAfter), fltMs(g.at.Sub(lost.at)),
+		msString(ttl), msString(healed.Sub(t0)), lost.Reason, msString(lostAfter), msString(deadline), msString(grantAfter), msString(g.at.Sub(lost.at)),
 		old.Token, g.l.Token, acc, rej, degradedFirst, hEv.summary(), violations)
 }
 
@@ -758,10 +643,10 @@ func TestB2_ConnectionResets(t *testing.T) {
 	rc := f.redis.Client(t)
 
 	app := a.client(t, "b2-app")
-	ev := fltRecordEvents(app)
-	l := mustAcquire(t, app, "b2/x", fltTTL(ttl))
+	ev := recordEvents(app)
+	l := mustAcquire(t, app, "b2/x", ttlArg(ttl))
 	capp := control.client(t, "b2-control")
-	mustAcquire(t, capp, "b2/control", fltTTL(ttl))
+	mustAcquire(t, capp, "b2/control", ttlArg(ttl))
 	fltWaitRenewal(t, rc, "b2/x", ttl)
 	pid := a.proc.cmd.Process.Pid
 	fdBefore := fltFDs(t, pid)
@@ -781,7 +666,7 @@ func TestB2_ConnectionResets(t *testing.T) {
 
 	// The lease is alive and renewed, in the agent and in Redis.
 	fltWaitRenewal(t, rc, "b2/x", ttl)
-	var cr fltCheckResult
+	var cr checkResult
 	call(t, app, "check", map[string]any{"lease": l.Lease}, &cr)
 	assert.True(t, cr.Held, "the lease after the resets")
 	rl := fltMustReadLock(t, rc, "b2/x")
@@ -802,7 +687,7 @@ func TestB2_ConnectionResets(t *testing.T) {
 		violations++
 	}
 	t.Logf("B2: ttl %s; %d resets every %s over %s, %d connections through the proxy; lost events %d, degraded/ok events %d/%d; fds %d before, %d after; goroutines %d (control agent %d); violations %d",
-		fltMs(ttl), resets, fltMs(every), fltMs(resetFor), conns, lost, ev.count("backend", "degraded"), ev.count("backend", "ok"), fdBefore, fdAfter, gA, gC, violations)
+		msString(ttl), resets, msString(every), msString(resetFor), conns, lost, ev.count("backend", "degraded"), ev.count("backend", "ok"), fdBefore, fdAfter, gA, gC, violations)
 }
 
 // TestB3_SlowRedis: Redis answers agent A slowly, a round trip taking
@@ -824,7 +709,7 @@ func TestB3_SlowRedis(t *testing.T) {
 	slow, fast := f.agents[0], f.agents[1]
 	rc := f.redis.Client(t)
 	appF := fast.client(t, "b3-fast")
-	evF := fltRecordEvents(appF)
+	evF := recordEvents(appF)
 	slow.proxy.Delay(delay)
 	h := newFltHistory()
 	acquireArgs := map[string]any{"name": name, "wait_ms": 0, "ttl_ms": ttl.Milliseconds()}
@@ -849,7 +734,7 @@ func TestB3_SlowRedis(t *testing.T) {
 	// and releases it at once.
 	for who := 0; who < 2; who++ {
 		app := slow.client(t, fmt.Sprintf("b3-slow%d", who))
-		ev := fltRecordEvents(app)
+		ev := recordEvents(app)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -882,15 +767,15 @@ func TestB3_SlowRedis(t *testing.T) {
 				slowestGrant = max(slowestGrant, took)
 				mu.Unlock()
 				// Handed out within its local deadline...
-				if took >= ttl-fltMargin(ttl)+50*time.Millisecond {
-					h.problem("the slow agent handed out a grant %v after the request (local deadline %v)", took, ttl-fltMargin(ttl))
+				if took >= ttl-leaseMargin(ttl)+50*time.Millisecond {
+					h.problem("the slow agent handed out a grant %v after the request (local deadline %v)", took, ttl-leaseMargin(ttl))
 				}
 				// ...and held in Redis when it arrives...
 				if rl, err := fltReadLock(rc, name); err != nil || !rl.exists || rl.owner != l.Lease || rl.token != l.Token {
 					h.problem("a grant of the slow agent (lease %s, token %d) that redis does not hold: %+v %v", l.Lease, l.Token, rl, err)
 				}
 				// ...and check confirms it, unless the lease was lost meanwhile.
-				var cr fltCheckResult
+				var cr checkResult
 				ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 				cerr := app.Call(ctx, "check", map[string]any{"lease": l.Lease}, &cr)
 				cancel()
@@ -961,14 +846,14 @@ func TestB3_SlowRedis(t *testing.T) {
 	slow.proxy.Pass()
 	// The late grant was released: the fast agent gets the name at once.
 	freedAt := time.Now()
-	fl := acquireSoon(t, appF, name, ttl+fltMargin(ttl))
+	fl := acquireSoon(t, appF, name, ttl+leaseMargin(ttl))
 	freed := time.Since(freedAt)
 	h.acquire(2, name, freedAt, time.Now(), true, fl.Token)
 
 	ops, holds, violations := h.check(t)
 	t.Logf("B3: ttl %s, delay %s each way; slow agent (2 apps): %d tries, %d grants (slowest answered in %s), %d checks held, %d lost before their check, %d grants dropped as too late; fast agent: %d tries, %d grants; then a round trip of %s: %d grant(s) dropped as too late, none handed out, name free again after %s; %d operations, %d holds, violations %d",
-		fltMs(ttl), fltMs(delay), slowTries, slowGrants, fltMs(slowestGrant), checksHeld, checksLost, late1, fastTries, fastGrants,
-		fltMs(ttl), late2, fltMs(freed), ops, holds, violations)
+		msString(ttl), msString(delay), slowTries, slowGrants, msString(slowestGrant), checksHeld, checksLost, late1, fastTries, fastGrants,
+		msString(ttl), late2, msString(freed), ops, holds, violations)
 }
 
 // TestB4_AcquireAnswerLost: an acquire is applied in Redis but its answer
@@ -1004,11 +889,11 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 		require.NotEmpty(t, applies, "no acquire of %s in redis's MONITOR", leaseID)
 		var out []string
 		for _, at := range applies {
-			out = append(out, "+"+fltMs(at.Sub(sent)))
+			out = append(out, "+"+msString(at.Sub(sent)))
 			if oneWay >= 0 {
-				assert.LessOrEqual(t, at.Sub(sent), ttl-fltMargin(ttl)+oneWay+100*time.Millisecond,
+				assert.LessOrEqual(t, at.Sub(sent), ttl-leaseMargin(ttl)+oneWay+100*time.Millisecond,
 					"an acquire of lease %s reached redis %v after the try was sent: it was sent after the lease's local deadline (%v), when its grant could only be a phantom",
-					leaseID, at.Sub(sent), ttl-fltMargin(ttl))
+					leaseID, at.Sub(sent), ttl-leaseMargin(ttl))
 			}
 		}
 		last := applies[len(applies)-1]
@@ -1040,7 +925,7 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 
 		// Nobody was told of that grant; it must not outlive its TTL.
 		oapp := other.client(t, "b4-1-other")
-		oEv := fltRecordEvents(oapp)
+		oEv := recordEvents(oapp)
 		g := fltAcquireWait(t, oapp, name, 3*ttl)
 		granted := time.Now()
 		took := granted.Sub(applied)
@@ -1057,7 +942,7 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 		assert.Zero(t, oEv.count("lost", ""), "the other agent's holder: %s", oEv.summary())
 		applies := phantomChecks(t, phantom.owner, r.sent, granted, g.Lease, oneWay)
 		t.Logf("B4/answer_blackholed: acquire applied at %v after it was sent (one-way delay %s), answer black-holed; other agent granted %s after the apply (ttl %s), token %d > %d; the late answer gave the app acquired=%v reason=%q err=%q after %s; violations %d",
-			applies, fltMs(oneWay), fltMs(took), fltMs(ttl), g.Token, phantom.token, r.l.Acquired, r.l.Reason, fltCode(r.err), fltMs(r.at.Sub(r.sent)), fltViolations(t))
+			applies, msString(oneWay), msString(took), msString(ttl), g.Token, phantom.token, r.l.Acquired, r.l.Reason, fltCode(r.err), msString(r.at.Sub(r.sent)), fltViolations(t))
 	})
 
 	// The link is black-holed first; the application sends a try, gives up
@@ -1109,7 +994,7 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 		obs := a.client(t, "b4-2-observer")
 		assert.Zero(t, fltLeaseCount(t, obs), "agent A holds a lease for an application that is gone")
 		t.Logf("B4/request_blackholed_app_gone: try sent into a black hole, app gave up after 300ms and dropped, link back after %s; phantom seen in redis: %v, the abandoned acquire applied at %v after the send; other agent granted %s after the heal (ttl %s); violations %d",
-			fltMs(healed.Sub(sent)), phantom.exists, applies, fltMs(took), fltMs(ttl), fltViolations(t))
+			msString(healed.Sub(sent)), phantom.exists, applies, msString(took), msString(ttl), fltViolations(t))
 	})
 
 	// The request is applied; every connection is reset with the answer
@@ -1157,14 +1042,14 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 		mon.waitSeen(t, g.l.Lease)
 		var applies []string
 		for _, at := range mon.acquireTimes(phantom.owner) {
-			applies = append(applies, "+"+fltMs(at.Sub(r.sent)))
-			assert.LessOrEqual(t, at.Sub(r.sent), ttl-fltMargin(ttl)+oneWay+100*time.Millisecond,
+			applies = append(applies, "+"+msString(at.Sub(r.sent)))
+			assert.LessOrEqual(t, at.Sub(r.sent), ttl-leaseMargin(ttl)+oneWay+100*time.Millisecond,
 				"an acquire of lease %s reached redis %v after the try was sent: it was sent after the lease's local deadline (%v), when its grant could only be a phantom",
-				phantom.owner, at.Sub(r.sent), ttl-fltMargin(ttl))
+				phantom.owner, at.Sub(r.sent), ttl-leaseMargin(ttl))
 		}
 		fltHoldsFor(t, rc, name, g.l.Lease, 300*time.Millisecond)
 		t.Logf("B4/reset_after_apply: acquire applied %s after it was sent (one-way delay %s), then every connection reset; the app got %s after %s; acquires of that lease reached redis at %v after the send; another agent waiting from the reset on was granted %s after the first apply (ttl %s); violations %d",
-			fltMs(applied.Sub(r.sent)), fltMs(oneWay), outcome, fltMs(r.at.Sub(r.sent)), applies, fltMs(g.at.Sub(applied)), fltMs(ttl), fltViolations(t))
+			msString(applied.Sub(r.sent)), msString(oneWay), outcome, msString(r.at.Sub(r.sent)), applies, msString(g.at.Sub(applied)), msString(ttl), fltViolations(t))
 	})
 
 	// As reset_after_apply, with nobody else after the name: once the
@@ -1231,10 +1116,10 @@ func TestB4_AcquireAnswerLost(t *testing.T) {
 		mon.waitSeen(t, g.Lease)
 		var applies []string
 		for _, at := range mon.acquireTimes(phantom.owner) {
-			applies = append(applies, "+"+fltMs(at.Sub(r.sent)))
+			applies = append(applies, "+"+msString(at.Sub(r.sent)))
 		}
 		t.Logf("B4/reset_after_apply_uncontended: acquire applied, connections reset; the app got %s after %s; acquires of that lease reached redis at %v after the send; its lock expired at %s and was granted again at %s (-1: never); violations %d",
-			outcome, fltMs(r.at.Sub(r.sent)), applies, fltMs(expired), fltMs(regranted), fltViolations(t))
+			outcome, msString(r.at.Sub(r.sent)), applies, msString(expired), msString(regranted), fltViolations(t))
 	})
 }
 
@@ -1274,7 +1159,7 @@ func fltB4Outcome(t *testing.T, rc *goredis.Client, name string, applied fltRedi
 	rl := fltMustReadLock(t, rc, name)
 	assert.Equal(t, applied.owner, r.l.Lease, "the grant handed out is not the lease applied")
 	assert.True(t, rl.exists && rl.owner == r.l.Lease && rl.token == r.l.Token, "the grant handed out (token %d) is not what redis holds: %+v", r.l.Token, rl)
-	assert.Less(t, r.at.Sub(r.sent), ttl-fltMargin(ttl)+50*time.Millisecond, "a grant handed out past its local deadline")
+	assert.Less(t, r.at.Sub(r.sent), ttl-leaseMargin(ttl)+50*time.Millisecond, "a grant handed out past its local deadline")
 	return "acquired", true
 }
 
@@ -1336,14 +1221,14 @@ func TestB5_RedisPaused(t *testing.T) {
 	type holder struct {
 		name string
 		app  *socketapi.Client
-		ev   *fltEventLog
+		ev   *eventLog
 		l    lease
 	}
 	var hs []*holder
 	for i, a := range f.agents {
 		h := &holder{name: fmt.Sprintf("b5/%d", i), app: a.client(t, fmt.Sprintf("b5-app%d", i))}
-		h.ev = fltRecordEvents(h.app)
-		h.l = mustAcquire(t, h.app, h.name, fltTTL(ttl))
+		h.ev = recordEvents(h.app)
+		h.l = mustAcquire(t, h.app, h.name, ttlArg(ttl))
 		hs = append(hs, h)
 	}
 	fltWaitRenewal(t, rc, hs[0].name, ttl)
@@ -1365,8 +1250,8 @@ func TestB5_RedisPaused(t *testing.T) {
 			violations++
 			t.Errorf("%s: lost %v after the pause, later than its local deadline (< pause + %v)", h.name, after, ttl)
 		}
-		assert.GreaterOrEqual(t, after, ttl-fltMargin(ttl)-fltRenewMax(ttl)-100*time.Millisecond, "%s lost long before its local deadline", h.name)
-		report = append(report, fmt.Sprintf("%s lost (%s) %s after the pause", h.name, lost.Reason, fltMs(after)))
+		assert.GreaterOrEqual(t, after, ttl-leaseMargin(ttl)-renewMax(ttl)-100*time.Millisecond, "%s lost long before its local deadline", h.name)
+		report = append(report, fmt.Sprintf("%s lost (%s) %s after the pause", h.name, lost.Reason, msString(after)))
 	}
 	time.Sleep(time.Until(paused.Add(2 * ttl))) // the pause lasts 2 × TTL
 	f.redis.Resume()
@@ -1402,7 +1287,7 @@ func TestB5_RedisPaused(t *testing.T) {
 	}
 	var tokens []string
 	for _, h := range hs {
-		var cr fltCheckResult
+		var cr checkResult
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		err := h.app.Call(ctx, "check", map[string]any{"lease": h.l.Lease}, &cr)
 		cancel()
@@ -1412,7 +1297,7 @@ func TestB5_RedisPaused(t *testing.T) {
 		tokens = append(tokens, fmt.Sprintf("%d->%d", h.l.Token, nl.Token))
 	}
 	t.Logf("B5: ttl %s, redis paused %s; %s; after SIGCONT %d renewals and %d releases sent during the pause ran, and no lease came back; reacquired with tokens %s; violations %d",
-		fltMs(ttl), fltMs(back.Sub(paused)), strings.Join(report, ", "), lateRenews, lateReleases, strings.Join(tokens, " "), violations)
+		msString(ttl), msString(back.Sub(paused)), strings.Join(report, ", "), lateRenews, lateReleases, strings.Join(tokens, " "), violations)
 }
 
 // TestB11_OperatorDeletesKeys: an operator deletes lock keys with DEL. The
@@ -1422,12 +1307,12 @@ func TestB5_RedisPaused(t *testing.T) {
 func TestB11_OperatorDeletesKeys(t *testing.T) {
 	t.Parallel()
 	const ttl = 1500 * time.Millisecond
-	bound := fltRenewMax(ttl) + 100*time.Millisecond
+	bound := renewMax(ttl) + 100*time.Millisecond
 	f := startFleet(t, 2, redistest.Options{}, "")
 	a, b := f.agents[0], f.agents[1]
 	rc := f.redis.Client(t)
 	app := a.client(t, "b11-holder")
-	ev := fltRecordEvents(app)
+	ev := recordEvents(app)
 	violations := 0
 
 	// Deleted, and nobody takes them: expired.
@@ -1435,10 +1320,10 @@ func TestB11_OperatorDeletesKeys(t *testing.T) {
 	defer cancel()
 	var expired []lease
 	for _, n := range []string{"b11/e0", "b11/e1"} {
-		expired = append(expired, mustAcquire(t, app, n, fltTTL(ttl)))
+		expired = append(expired, mustAcquire(t, app, n, ttlArg(ttl)))
 	}
 	del := time.Now()
-	require.NoError(t, rc.Del(ctx, fltKey("b11/e0"), fltKey("b11/e1")).Err())
+	require.NoError(t, rc.Del(ctx, lockKey("b11/e0"), lockKey("b11/e1")).Err())
 	var report []string
 	for _, l := range expired {
 		lost := ev.waitLost(t, l.Lease, bound+time.Second)
@@ -1448,19 +1333,19 @@ func TestB11_OperatorDeletesKeys(t *testing.T) {
 			violations++
 			t.Errorf("%s: lost %v after the DEL, more than one renew interval (%v)", l.Name, after, bound)
 		}
-		report = append(report, fmt.Sprintf("%s %s after %s", l.Name, lost.Reason, fltMs(after)))
+		report = append(report, fmt.Sprintf("%s %s after %s", l.Name, lost.Reason, msString(after)))
 	}
 
 	// Deleted right after a renewal, and another agent's application takes
 	// the name before the next one: taken_over.
 	const name = "b11/t"
-	old := mustAcquire(t, app, name, fltTTL(ttl))
+	old := mustAcquire(t, app, name, ttlArg(ttl))
 	other := b.client(t, "b11-other")
-	oEv := fltRecordEvents(other)
+	oEv := recordEvents(other)
 	fltWaitRenewal(t, rc, name, ttl)
 	del = time.Now()
-	require.NoError(t, rc.Del(ctx, fltKey(name)).Err())
-	nl := mustAcquire(t, other, name, fltTTL(ttl))
+	require.NoError(t, rc.Del(ctx, lockKey(name)).Err())
+	nl := mustAcquire(t, other, name, ttlArg(ttl))
 	takenAt := time.Now()
 	lost := ev.waitLost(t, old.Lease, bound+time.Second)
 	after := lost.at.Sub(del)
@@ -1471,14 +1356,14 @@ func TestB11_OperatorDeletesKeys(t *testing.T) {
 		t.Errorf("%s: lost %v after the DEL, more than one renew interval (%v)", name, after, bound)
 	}
 	assert.Greater(t, nl.Token, old.Token)
-	report = append(report, fmt.Sprintf("%s %s after %s (taken %s after the DEL)", name, lost.Reason, fltMs(after), fltMs(takenAt.Sub(del))))
+	report = append(report, fmt.Sprintf("%s %s after %s (taken %s after the DEL)", name, lost.Reason, msString(after), msString(takenAt.Sub(del))))
 	// The old holder's agent releases what it lost; that must not touch
 	// the new holder.
 	fltHoldsFor(t, rc, name, nl.Lease, 300*time.Millisecond)
-	var cr fltCheckResult
+	var cr checkResult
 	call(t, other, "check", map[string]any{"lease": nl.Lease}, &cr)
 	assert.True(t, cr.Held, "the new holder's lease")
 	assert.Zero(t, oEv.count("lost", ""), "the new holder: %s", oEv.summary())
 	t.Logf("B11: ttl %s, bound %s (one renew interval + 100ms); 3 keys deleted: %s; new holder's token %d > %d, untouched; violations %d",
-		fltMs(ttl), fltMs(bound), strings.Join(report, ", "), nl.Token, old.Token, violations)
+		msString(ttl), msString(bound), strings.Join(report, ", "), nl.Token, old.Token, violations)
 }

@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,4 +84,124 @@ func (a *fleetAgent) waitQueued(t *testing.T, n int) {
 		}
 		return got == n
 	})
+}
+
+// leaseMargin is the agent's safety margin for a TTL (docs/protocol.md, "When
+// a lease is lost"): TTL/100 + 2 ms + the 50 ms notify budget.
+func leaseMargin(ttl time.Duration) time.Duration { return ttl/100 + 52*time.Millisecond }
+
+// renewMax is the longest renew interval: TTL/3 plus 10% jitter.
+func renewMax(ttl time.Duration) time.Duration { return ttl/3 + ttl/30 }
+
+// lockKey is the Redis key of an exclusive lock (key_prefix "e2e").
+func lockKey(name string) string { return "e2e:lk:{" + name + "}" }
+
+// ttlArg is the extra acquire argument for a TTL.
+func ttlArg(ttl time.Duration) map[string]any { return map[string]any{"ttl_ms": ttl.Milliseconds()} }
+
+// msString formats a duration in whole milliseconds, for the summary lines.
+func msString(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
+
+// checkResult is check's result.
+type checkResult struct {
+	Held        bool   `json:"held"`
+	Token       uint64 `json:"token"`
+	ExpiresInMs int64  `json:"expires_in_ms"`
+}
+
+// recordedEvent is an event with the time it reached the test.
+type recordedEvent struct {
+	at time.Time
+	socketapi.Event
+}
+
+// eventLog records every event of a connection as it arrives.
+type eventLog struct {
+	mu  sync.Mutex
+	evs []recordedEvent
+}
+
+// recordEvents drains c's events into a log, until the connection ends.
+// Do not use waitEvent on c as well.
+func recordEvents(c *socketapi.Client) *eventLog {
+	l := &eventLog{}
+	go func() {
+		for ev := range c.Events() {
+			at := time.Now()
+			l.mu.Lock()
+			l.evs = append(l.evs, recordedEvent{at, ev})
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+func (l *eventLog) all() []recordedEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]recordedEvent(nil), l.evs...)
+}
+
+// lost returns the lost event of a lease, if it came.
+func (l *eventLog) lost(leaseID string) (recordedEvent, bool) {
+	for _, ev := range l.all() {
+		if ev.Event.Event == "lost" && ev.Lease == leaseID {
+			return ev, true
+		}
+	}
+	return recordedEvent{}, false
+}
+
+// lostSoon is lost, giving the event up to d to be recorded: it reaches
+// the client before a response that follows it, but the recording
+// goroutine may not have caught up yet.
+func (l *eventLog) lostSoon(leaseID string, d time.Duration) (recordedEvent, bool) {
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		if ev, ok := l.lost(leaseID); ok || time.Since(start) > d {
+			return ev, ok
+		}
+	}
+}
+
+func (l *eventLog) waitLost(t *testing.T, leaseID string, timeout time.Duration) recordedEvent {
+	t.Helper()
+	var ev recordedEvent
+	eventually(t, timeout, "a lost event for "+leaseID, func() bool {
+		var ok bool
+		ev, ok = l.lost(leaseID)
+		return ok
+	})
+	return ev
+}
+
+// count counts the events of a kind (and, for backend events, a state).
+func (l *eventLog) count(kind, state string) int {
+	n := 0
+	for _, ev := range l.all() {
+		if ev.Event.Event == kind && (state == "" || ev.State == state) {
+			n++
+		}
+	}
+	return n
+}
+
+// summary lists the events as kind[:state|reason], for logs.
+func (l *eventLog) summary() string {
+	return "[" + strings.Join(l.kinds(), " ") + "]"
+}
+
+// kinds lists the events as "event[:state|:reason]", for messages.
+func (l *eventLog) kinds() []string {
+	var out []string
+	for _, ev := range l.all() {
+		s := ev.Event.Event
+		if ev.State != "" {
+			s += ":" + ev.State
+		}
+		if ev.Reason != "" {
+			s += ":" + ev.Reason
+		}
+		out = append(out, s)
+	}
+	return out
 }

@@ -32,23 +32,6 @@ import (
 // ---------------------------------------------------------------------------
 // Helpers
 
-// opsRenewMax is the longest time between two renewals of a lease of ttl:
-// ttl/3 + 10% jitter.
-func opsRenewMax(ttl time.Duration) time.Duration { return ttl / 3 * 11 / 10 }
-
-// opsMargin is how much earlier than the backend the agent gives a lease
-// up: ttl/100 + 2 ms + the 50 ms notify budget.
-func opsMargin(ttl time.Duration) time.Duration { return ttl/100 + 52*time.Millisecond }
-
-// opsTTL are acquire arguments asking for ttl.
-func opsTTL(ttl time.Duration) map[string]any {
-	return map[string]any{"ttl_ms": ttl.Milliseconds()}
-}
-
-// opsKey is the Redis key of an exclusive holder of name, for agents on
-// key_prefix "e2e" (see backend/redis keys).
-func opsKey(name string) string { return "e2e:lk:{" + name + "}" }
-
 // opsRelease releases a lease that must be held.
 func opsRelease(t *testing.T, c *socketapi.Client, leaseID string) {
 	t.Helper()
@@ -59,88 +42,11 @@ func opsRelease(t *testing.T, c *socketapi.Client, leaseID string) {
 	require.True(t, r.Released)
 }
 
-// opsCheckResult is check's result.
-type opsCheckResult struct {
-	Held      bool   `json:"held"`
-	Token     uint64 `json:"token"`
-	ExpiresIn int64  `json:"expires_in_ms"`
-}
-
-func opsCheck(t *testing.T, c *socketapi.Client, leaseID string) opsCheckResult {
+func opsCheck(t *testing.T, c *socketapi.Client, leaseID string) checkResult {
 	t.Helper()
-	var r opsCheckResult
+	var r checkResult
 	call(t, c, "check", map[string]any{"lease": leaseID}, &r)
 	return r
-}
-
-// opsEvent is an event with the time the test received it.
-type opsEvent struct {
-	socketapi.Event
-	at time.Time
-}
-
-// opsEventLog records every event of a connection as it arrives, so that a
-// test can look at them later and in order. Nothing else may read the
-// connection's Events.
-type opsEventLog struct {
-	mu  sync.Mutex
-	evs []opsEvent
-}
-
-func opsRecordEvents(c *socketapi.Client) *opsEventLog {
-	l := &opsEventLog{}
-	go func() {
-		for ev := range c.Events() {
-			l.mu.Lock()
-			l.evs = append(l.evs, opsEvent{ev, time.Now()})
-			l.mu.Unlock()
-		}
-	}()
-	return l
-}
-
-func (l *opsEventLog) all() []opsEvent {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.evs)
-}
-
-// lost returns the lost event of leaseID, if there was one.
-func (l *opsEventLog) lost(leaseID string) (opsEvent, bool) {
-	for _, ev := range l.all() {
-		if ev.Event.Event == "lost" && ev.Lease == leaseID {
-			return ev, true
-		}
-	}
-	return opsEvent{}, false
-}
-
-// waitLost waits for the lost event of leaseID.
-func (l *opsEventLog) waitLost(t *testing.T, leaseID string, timeout time.Duration) opsEvent {
-	t.Helper()
-	var ev opsEvent
-	eventually(t, timeout, "lost event of "+leaseID, func() bool {
-		var ok bool
-		ev, ok = l.lost(leaseID)
-		return ok
-	})
-	return ev
-}
-
-// kinds lists the events as "event[:state|:reason]", for messages.
-func (l *opsEventLog) kinds() []string {
-	var out []string
-	for _, ev := range l.all() {
-		s := ev.Event.Event
-		if ev.State != "" {
-			s += ":" + ev.State
-		}
-		if ev.Reason != "" {
-			s += ":" + ev.Reason
-		}
-		out = append(out, s)
-	}
-	return out
 }
 
 // opsRawConn is an application connection read line by line, keeping the
@@ -328,8 +234,6 @@ func opsMaxToken(ts []uint64) uint64 {
 	return m
 }
 
-func opsMs(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
-
 // ---------------------------------------------------------------------------
 // B6: redis-server killed and restarted without persistence.
 
@@ -338,7 +242,7 @@ func opsMs(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()
 type opsB6 struct {
 	f      *fleet
 	apps   []*socketapi.Client
-	logs   []*opsEventLog
+	logs   []*eventLog
 	names  []string
 	held   []lease // held[i] holds names[i], on apps[i%2]
 	before []uint64
@@ -352,20 +256,20 @@ func newOpsB6(t *testing.T, ttl time.Duration, prefix string) *opsB6 {
 	for i, a := range s.f.agents {
 		c := a.client(t, fmt.Sprintf("b6-%d", i))
 		s.apps = append(s.apps, c)
-		s.logs = append(s.logs, opsRecordEvents(c))
+		s.logs = append(s.logs, recordEvents(c))
 	}
 	for i := range 6 {
 		s.names = append(s.names, fmt.Sprintf("%s/%d", prefix, i))
 	}
 	for _, n := range s.names {
 		for _, c := range s.apps {
-			l := mustAcquire(t, c, n, opsTTL(ttl))
+			l := mustAcquire(t, c, n, ttlArg(ttl))
 			s.before = append(s.before, l.Token)
 			opsRelease(t, c, l.Lease)
 		}
 	}
 	for i, n := range s.names {
-		l := mustAcquire(t, s.apps[i%2], n, opsTTL(ttl))
+		l := mustAcquire(t, s.apps[i%2], n, ttlArg(ttl))
 		s.before = append(s.before, l.Token)
 		s.held = append(s.held, l)
 	}
@@ -380,11 +284,11 @@ func (s *opsB6) regrant(t *testing.T, ttl time.Duration) uint64 {
 	high := opsMaxToken(s.before)
 	lowest := uint64(1<<64 - 1)
 	for i, n := range s.names {
-		other := mustAcquire(t, s.apps[(i+1)%2], n, opsTTL(ttl))
+		other := mustAcquire(t, s.apps[(i+1)%2], n, ttlArg(ttl))
 		require.Greater(t, other.Token, high, "%s: a grant after the restart has a token above every earlier one", n)
 		assert.False(t, tryAcquire(t, s.apps[i%2], n, nil).Acquired, "%s is held by the other agent now", n)
 		opsRelease(t, s.apps[(i+1)%2], other.Lease)
-		again := mustAcquire(t, s.apps[i%2], n, opsTTL(ttl))
+		again := mustAcquire(t, s.apps[i%2], n, ttlArg(ttl))
 		require.Greater(t, again.Token, other.Token, n)
 		opsRelease(t, s.apps[i%2], again.Lease)
 		lowest = min(lowest, other.Token)
@@ -414,7 +318,7 @@ func TestB6_RedisRestartWithoutPersistence(t *testing.T) {
 			killed := time.Now()
 			s.f.redis.Kill()
 			if tc.waitFails {
-				eventually(t, opsRenewMax(ttl)+time.Second, "renewals failing on both agents", func() bool {
+				eventually(t, renewMax(ttl)+time.Second, "renewals failing on both agents", func() bool {
 					return slices.Contains(s.logs[0].kinds(), "backend:degraded") && slices.Contains(s.logs[1].kinds(), "backend:degraded")
 				})
 			}
@@ -427,13 +331,13 @@ func TestB6_RedisRestartWithoutPersistence(t *testing.T) {
 				assert.Equal(t, "expired", ev.Reason, "%s: the renewal found the lease gone", l.Name)
 				assert.True(t, ev.at.After(killed))
 				after := ev.at.Sub(back)
-				assert.LessOrEqual(t, after, opsRenewMax(ttl)+500*time.Millisecond,
+				assert.LessOrEqual(t, after, renewMax(ttl)+500*time.Millisecond,
 					"%s: lost within about one renew interval after Redis is back", l.Name)
 				worst = max(worst, after)
 			}
 			lowest := s.regrant(t, ttl)
 			t.Logf("B6 %s restart: Redis down %s; %d leases lost (expired) at most %s after it was back (renew interval ≤ %s); %d grants after, lowest token %d > highest before %d; events %v %v",
-				tc.name, opsMs(back.Sub(killed)), len(s.held), opsMs(worst), opsMs(opsRenewMax(ttl)), 2*len(s.names), lowest, opsMaxToken(s.before), s.logs[0].kinds(), s.logs[1].kinds())
+				tc.name, msString(back.Sub(killed)), len(s.held), msString(worst), msString(renewMax(ttl)), 2*len(s.names), lowest, opsMaxToken(s.before), s.logs[0].kinds(), s.logs[1].kinds())
 		})
 	}
 
@@ -446,14 +350,14 @@ func TestB6_RedisRestartWithoutPersistence(t *testing.T) {
 		killed := time.Now()
 		s.f.redis.Kill()
 
-		deadline := ttl - opsMargin(ttl)
+		deadline := ttl - leaseMargin(ttl)
 		var first, last time.Duration
 		for i, l := range s.held {
 			ev := s.logs[i%2].waitLost(t, l.Lease, 2*ttl)
 			assert.Equal(t, "backend_unavailable", ev.Reason, "%s: lost at the local deadline while renewals failed", l.Name)
 			after := ev.at.Sub(killed)
 			assert.LessOrEqual(t, after, deadline+300*time.Millisecond, "%s: lost by its local deadline", l.Name)
-			assert.GreaterOrEqual(t, after, deadline-opsRenewMax(ttl)-100*time.Millisecond, "%s: not lost before its local deadline", l.Name)
+			assert.GreaterOrEqual(t, after, deadline-renewMax(ttl)-100*time.Millisecond, "%s: not lost before its local deadline", l.Name)
 			if first == 0 || after < first {
 				first = after
 			}
@@ -468,7 +372,7 @@ func TestB6_RedisRestartWithoutPersistence(t *testing.T) {
 		back := time.Now()
 		lowest := s.regrant(t, ttl)
 		t.Logf("B6 long outage: %d leases lost (backend_unavailable) %s–%s after the kill (local deadline ≤ %s after the last renewal); Redis back after %s; lowest new token %d > highest before %d",
-			len(s.held), opsMs(first), opsMs(last), opsMs(deadline), opsMs(back.Sub(killed)), lowest, opsMaxToken(s.before))
+			len(s.held), msString(first), msString(last), msString(deadline), msString(back.Sub(killed)), lowest, opsMaxToken(s.before))
 	})
 }
 
@@ -483,12 +387,12 @@ func TestB7_RedisRestartWithPersistence(t *testing.T) {
 	const ttl = 3 * time.Second
 	t.Run("instant", func(t *testing.T) {
 		t.Parallel()
-		opsB7(t, ttl, false, func(f *fleet, logs []*opsEventLog) {})
+		opsB7(t, ttl, false, func(f *fleet, logs []*eventLog) {})
 	})
 	t.Run("across_a_failed_renewal", func(t *testing.T) {
 		t.Parallel()
-		opsB7(t, ttl, true, func(f *fleet, logs []*opsEventLog) {
-			eventually(t, opsRenewMax(ttl)+time.Second, "a renewal failed", func() bool {
+		opsB7(t, ttl, true, func(f *fleet, logs []*eventLog) {
+			eventually(t, renewMax(ttl)+time.Second, "a renewal failed", func() bool {
 				for _, lg := range logs {
 					if slices.Contains(lg.kinds(), "backend:degraded") {
 						return true
@@ -503,33 +407,33 @@ func TestB7_RedisRestartWithPersistence(t *testing.T) {
 // opsB7 holds leases from two agents, kills Redis (if afterRenewal, just
 // after the leases were renewed), calls outage, restarts Redis and checks
 // that every lease survived and is renewed.
-func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fleet, logs []*opsEventLog)) {
+func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fleet, logs []*eventLog)) {
 	f := startFleet(t, 2, redistest.Options{Persistence: true}, "")
 	for _, a := range f.agents {
 		assert.Contains(t, opsStartupLog(t, a), "aof=true", "the agent logs the persistence mode")
 		assert.NotContains(t, opsStartupLog(t, a), "without AOF")
 	}
 	var apps []*socketapi.Client
-	var logs []*opsEventLog
+	var logs []*eventLog
 	for i, a := range f.agents {
 		c := a.client(t, fmt.Sprintf("b7-%d", i))
 		apps = append(apps, c)
-		logs = append(logs, opsRecordEvents(c))
+		logs = append(logs, recordEvents(c))
 	}
 	var held []lease
 	for i := range 4 {
-		held = append(held, mustAcquire(t, apps[i%2], fmt.Sprintf("b7/%d", i), opsTTL(ttl)))
+		held = append(held, mustAcquire(t, apps[i%2], fmt.Sprintf("b7/%d", i), ttlArg(ttl)))
 	}
 	rc := f.redis.Client(t)
 	ctx := t.Context()
 
 	// The leases were granted together, so they are renewed at about the
 	// same time (±10%): their last renewal is at most renewed old.
-	renewed := opsRenewMax(ttl)
+	renewed := renewMax(ttl)
 	if afterRenewal {
 		granted := time.Now()
-		eventually(t, opsRenewMax(ttl)+time.Second, "a renewal", func() bool {
-			return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, opsKey(held[0].Name)).Val() > ttl-100*time.Millisecond
+		eventually(t, renewMax(ttl)+time.Second, "a renewal", func() bool {
+			return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, lockKey(held[0].Name)).Val() > ttl-100*time.Millisecond
 		})
 		renewed = ttl/3/5 + 100*time.Millisecond
 	}
@@ -541,12 +445,12 @@ func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fl
 	down := back.Sub(killed)
 	// A lease survives if a renewal gets through before its local
 	// deadline: a failed renewal is retried within ttl/10.
-	require.Less(t, renewed+down+ttl/10+200*time.Millisecond, ttl-opsMargin(ttl),
+	require.Less(t, renewed+down+ttl/10+200*time.Millisecond, ttl-leaseMargin(ttl),
 		"the restart is quick enough for the scenario")
 
 	// The AOF brought the keys back: every owner is as before.
 	for _, l := range held {
-		owner, err := rc.HGet(ctx, opsKey(l.Name), "o").Result()
+		owner, err := rc.HGet(ctx, lockKey(l.Name), "o").Result()
 		require.NoError(t, err, l.Name)
 		assert.Equal(t, l.Lease, owner, "%s survived the restart", l.Name)
 	}
@@ -560,7 +464,7 @@ func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fl
 		r := opsCheck(t, apps[i%2], l.Lease)
 		assert.True(t, r.Held, l.Name)
 		assert.Equal(t, l.Token, r.Token)
-		owner, err := rc.HGet(ctx, opsKey(l.Name), "o").Result()
+		owner, err := rc.HGet(ctx, lockKey(l.Name), "o").Result()
 		require.NoError(t, err, l.Name)
 		assert.Equal(t, l.Lease, owner, l.Name)
 		assert.False(t, tryAcquire(t, apps[(i+1)%2], l.Name, nil).Acquired, "%s is still held against the other agent", l.Name)
@@ -577,7 +481,7 @@ func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fl
 		events = append(events, strings.Join(kinds, ","))
 	}
 	t.Logf("B7 restart with AOF (%s): Redis down %s (< TTL - margin = %s); %d leases kept, renewed on the restarted server over %s; events per app %q",
-		t.Name(), opsMs(down), opsMs(ttl-opsMargin(ttl)), len(held), opsMs(time.Since(back)), events)
+		t.Name(), msString(down), msString(ttl-leaseMargin(ttl)), len(held), msString(time.Since(back)), events)
 }
 
 // ---------------------------------------------------------------------------
@@ -605,7 +509,7 @@ func TestB9_RedisClockFast(t *testing.T) {
 	const name = "b9/x"
 	f := startFleet(t, 2, redistest.Options{Faketime: "+0 x5"}, "")
 	apps := []*socketapi.Client{f.agents[0].client(t, "b9-0"), f.agents[1].client(t, "b9-1")}
-	logs := []*opsEventLog{opsRecordEvents(apps[0]), opsRecordEvents(apps[1])}
+	logs := []*eventLog{recordEvents(apps[0]), recordEvents(apps[1])}
 	observer := f.agents[0].client(t, "b9-observer")
 
 	var reg lockcheck.Register
@@ -682,8 +586,8 @@ func TestB9_RedisClockFast(t *testing.T) {
 		assert.Contains(t, []string{"expired", "taken_over"}, g.reason, "a renewal found the lease gone")
 		held := g.lostAt.Sub(g.at)
 		slowest = max(slowest, held)
-		assert.LessOrEqual(t, held, opsRenewMax(ttl)+600*time.Millisecond,
-			"lost at the first renewal, long before the local deadline (%s)", opsMs(ttl-opsMargin(ttl)))
+		assert.LessOrEqual(t, held, renewMax(ttl)+600*time.Millisecond,
+			"lost at the first renewal, long before the local deadline (%s)", msString(ttl-leaseMargin(ttl)))
 		if i > 0 {
 			assert.Greater(t, g.token, grants[i-1].token, "fencing tokens increase")
 		}
@@ -697,7 +601,7 @@ func TestB9_RedisClockFast(t *testing.T) {
 	assert.Positive(t, accepted)
 	t.Logf("B9 Redis clock x5: %d grants, lost reasons %v, longest grant→lost %s (renew ≤ %s, local deadline %s); "+
 		"apps overlapped %d times for %s in all (documented limitation), fenced writes accepted %d, stale rejected %d; backend holders ≤ %d",
-		len(grants), reasons, opsMs(slowest), opsMs(opsRenewMax(ttl)), opsMs(ttl-opsMargin(ttl)), overlaps, opsMs(overlap), accepted, rejected, maxHolders)
+		len(grants), reasons, msString(slowest), msString(renewMax(ttl)), msString(ttl-leaseMargin(ttl)), overlaps, msString(overlap), accepted, rejected, maxHolders)
 }
 
 // ---------------------------------------------------------------------------
@@ -726,24 +630,24 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	assert.False(t, warned(f.addAgent(t, ""), "maxmemory-policy"), "no warning under noeviction")
 
 	holder := f.agents[0].client(t, "b10-holder")
-	hlog := opsRecordEvents(holder)
+	hlog := recordEvents(holder)
 	other := f.agents[1].client(t, "b10-other")
 
 	// An eviction nobody races: the holder is told at its next renewal.
-	solo := mustAcquire(t, holder, "b10/solo", opsTTL(ttl))
+	solo := mustAcquire(t, holder, "b10/solo", ttlArg(ttl))
 	evicted := time.Now()
-	require.EqualValues(t, 1, rc.Del(ctx, opsKey(solo.Name)).Val())
+	require.EqualValues(t, 1, rc.Del(ctx, lockKey(solo.Name)).Val())
 	ev := hlog.waitLost(t, solo.Lease, ttl)
 	soloAfter := ev.at.Sub(evicted)
 	assert.Equal(t, "expired", ev.Reason)
-	assert.LessOrEqual(t, soloAfter, opsRenewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
-	next := mustAcquire(t, other, solo.Name, opsTTL(ttl))
+	assert.LessOrEqual(t, soloAfter, renewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
+	next := mustAcquire(t, other, solo.Name, ttlArg(ttl))
 	assert.Greater(t, next.Token, solo.Token)
 
 	// An eviction while an app on the other agent tries in a loop: it gets
 	// the lock at once; the old holder's next renewal finds the other lease
 	// and never takes the key back.
-	old := mustAcquire(t, holder, "b10/x", opsTTL(ttl))
+	old := mustAcquire(t, holder, "b10/x", ttlArg(ttl))
 	type grab struct {
 		l   lease
 		at  time.Time
@@ -763,7 +667,7 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	}()
 	time.Sleep(50 * time.Millisecond) // the contender is looping
 	evicted = time.Now()
-	require.EqualValues(t, 1, rc.Del(ctx, opsKey(old.Name)).Val())
+	require.EqualValues(t, 1, rc.Del(ctx, lockKey(old.Name)).Val())
 	var g grab
 	select {
 	case g = <-got:
@@ -775,10 +679,10 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	ev = hlog.waitLost(t, old.Lease, ttl)
 	lostAfter := ev.at.Sub(evicted)
 	assert.Contains(t, []string{"taken_over", "expired"}, ev.Reason)
-	assert.LessOrEqual(t, lostAfter, opsRenewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
+	assert.LessOrEqual(t, lostAfter, renewMax(ttl)+500*time.Millisecond, "lost within one renew interval")
 
 	// The backend has one holder, the new one, and the old lease is dead.
-	owner, err := rc.HGet(ctx, opsKey(old.Name), "o").Result()
+	owner, err := rc.HGet(ctx, lockKey(old.Name), "o").Result()
 	require.NoError(t, err)
 	assert.Equal(t, g.l.Lease, owner, "the old holder never took the key back")
 	info := inspect(t, other, old.Name)
@@ -791,7 +695,7 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	assert.Equal(t, "not_held", se.Code)
 	t.Logf("B10 eviction policy: warned for allkeys-lru and volatile-lru, not for noeviction; evicted key → lost (%s) after %s; "+
 		"with a contender: it took the lock %s after the eviction, the old holder was told (%s) %s after the eviction, an exposure of %s fenced by tokens %d < %d",
-		"expired", opsMs(soloAfter), opsMs(g.at.Sub(evicted)), ev.Reason, opsMs(lostAfter), opsMs(ev.at.Sub(g.at)), old.Token, g.l.Token)
+		"expired", msString(soloAfter), msString(g.at.Sub(evicted)), ev.Reason, msString(lostAfter), msString(ev.at.Sub(g.at)), old.Token, g.l.Token)
 }
 
 // ---------------------------------------------------------------------------
@@ -831,7 +735,7 @@ func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
 		hs[i].conn.roundTrip(t, "h", fmt.Sprintf(`{"id":"h","op":"hello","version":1,"client":"c1-app-%d"}`, i))
 	}
 	other := taker.client(t, "c1-other")
-	olog := opsRecordEvents(other)
+	olog := recordEvents(other)
 
 	var seqs, notFirst, heldBefore []string
 	var lostAfter, tookAfter time.Duration
@@ -872,7 +776,7 @@ func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
 		for _, h := range hs {
 			assert.Greater(t, took[h.name].Token, h.token, h.name)
 		}
-		assert.GreaterOrEqual(t, time.Since(stoppedAt), ttl-opsRenewMax(ttl)-100*time.Millisecond, "not before the stopped agent's leases expired")
+		assert.GreaterOrEqual(t, time.Since(stoppedAt), ttl-renewMax(ttl)-100*time.Millisecond, "not before the stopped agent's leases expired")
 
 		// The apps ask about their locks while the agent is stopped.
 		for _, h := range hs {
@@ -940,18 +844,18 @@ func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
 
 	// The other holders are untouched for two renewals: same owner,
 	// renewed by their own agent only.
-	time.Sleep(2 * opsRenewMax(ttl))
+	time.Sleep(2 * renewMax(ttl))
 	newRenewals := 0
 	for _, h := range hs {
 		nl := took[h.name]
-		owner, err := rc.HGet(ctx, opsKey(h.name), "o").Result()
+		owner, err := rc.HGet(ctx, lockKey(h.name), "o").Result()
 		require.NoError(t, err)
 		assert.Equal(t, nl.Lease, owner, h.name)
 		assert.True(t, opsCheck(t, other, nl.Lease).Held, h.name)
 		_, otherLost := olog.lost(nl.Lease)
 		assert.False(t, otherLost, h.name)
-		pttl := rc.PTTL(ctx, opsKey(h.name)).Val()
-		assert.Greater(t, pttl, ttl-opsRenewMax(ttl)-200*time.Millisecond, "%s renewed", h.name)
+		pttl := rc.PTTL(ctx, lockKey(h.name)).Val()
+		assert.Greater(t, pttl, ttl-renewMax(ttl)-200*time.Millisecond, "%s renewed", h.name)
 		for _, at := range mon.renewals(h.lease) { // the last round's old lease
 			if at.After(continued) {
 				oldRenewals++
@@ -969,7 +873,7 @@ func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
 	assert.Zero(t, oldRenewals, "the stopped agent never renews an old lease after the stop")
 	t.Logf("C1 %d agents stopped %s (2×TTL) %d times with %d leases each: the other agent's app took them within %s of the stop with higher tokens; lost within %s of SIGCONT; "+
 		"lines read per app %v; renewals of old leases after their stop: %d; of the new ones after the last SIGCONT: %d",
-		victims, opsMs(2*ttl), rounds, perAgent, opsMs(tookAfter), opsMs(lostAfter), seqs, oldRenewals, newRenewals)
+		victims, msString(2*ttl), rounds, perAgent, msString(tookAfter), msString(lostAfter), seqs, oldRenewals, newRenewals)
 	assert.Empty(t, heldBefore, "BUG: after SIGCONT, answers that present a dead lease as held came before its `lost`")
 	assert.Empty(t, notFirst, "BUG: on SIGCONT, `lost` must come before anything else (lines each app read)")
 }
@@ -981,15 +885,15 @@ func TestC2_AgentStoppedBriefly(t *testing.T) {
 	f := startFleet(t, 2, redistest.Options{}, "")
 	rc := f.redis.Client(t)
 	app := f.agents[0].client(t, "c2-app")
-	lg := opsRecordEvents(app)
+	lg := recordEvents(app)
 	other := f.agents[1].client(t, "c2-other")
 	var held []lease
 	for i := range 3 {
-		held = append(held, mustAcquire(t, app, fmt.Sprintf("c2/%d", i), opsTTL(ttl)))
+		held = append(held, mustAcquire(t, app, fmt.Sprintf("c2/%d", i), ttlArg(ttl)))
 	}
 	// Stop just after a renewal is due at the latest, so the pause
 	// spans a renewal.
-	time.Sleep(opsRenewMax(ttl) / 2)
+	time.Sleep(renewMax(ttl) / 2)
 	stoppedAt := time.Now()
 	opsStop(t, f.agents[0].proc)
 	time.Sleep(ttl * 3 / 10)
@@ -1003,13 +907,13 @@ func TestC2_AgentStoppedBriefly(t *testing.T) {
 		_, lost := lg.lost(l.Lease)
 		require.False(t, lost, "%s: nothing lost; events %v", l.Name, lg.kinds())
 		assert.True(t, opsCheck(t, app, l.Lease).Held, l.Name)
-		owner, err := rc.HGet(t.Context(), opsKey(l.Name), "o").Result()
+		owner, err := rc.HGet(t.Context(), lockKey(l.Name), "o").Result()
 		require.NoError(t, err)
 		assert.Equal(t, l.Lease, owner)
 		assert.False(t, tryAcquire(t, other, l.Name, nil).Acquired)
 	}
 	t.Logf("C2 agent stopped %s (0.3×TTL): %d leases kept, still held %s after SIGCONT; events %v",
-		opsMs(continued.Sub(stoppedAt)), len(held), opsMs(time.Since(continued)), lg.kinds())
+		msString(continued.Sub(stoppedAt)), len(held), msString(time.Since(continued)), lg.kinds())
 }
 
 // ---------------------------------------------------------------------------
@@ -1022,8 +926,8 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 	rc := f.redis.Client(t)
 	ctx := t.Context()
 	app := f.agents[0].client(t, "c3-app")
-	taken := mustAcquire(t, app, "c3/taken", opsTTL(ttl)) // another agent waits for it
-	alone := mustAcquire(t, app, "c3/alone", opsTTL(ttl)) // nobody else wants it
+	taken := mustAcquire(t, app, "c3/taken", ttlArg(ttl)) // another agent waits for it
+	alone := mustAcquire(t, app, "c3/alone", ttlArg(ttl)) // nobody else wants it
 
 	other := f.agents[1].client(t, "c3-other")
 	got := make(chan lease, 1)
@@ -1036,8 +940,8 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 
 	// Kill it once it has renewed its leases at least once.
 	granted := time.Now()
-	eventually(t, opsRenewMax(ttl)+time.Second, "a renewal", func() bool {
-		return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, opsKey(alone.Name)).Val() > ttl-150*time.Millisecond
+	eventually(t, renewMax(ttl)+time.Second, "a renewal", func() bool {
+		return time.Since(granted) > 300*time.Millisecond && rc.PTTL(ctx, lockKey(alone.Name)).Val() > ttl-150*time.Millisecond
 	})
 	killed := time.Now()
 	killAgent(t, f.agents[0].proc)
@@ -1052,7 +956,7 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 			if _, ok := gone[n]; ok {
 				continue
 			}
-			owner, err := rc.HGet(ctx, opsKey(n), "o").Result()
+			owner, err := rc.HGet(ctx, lockKey(n), "o").Result()
 			if err == goredis.Nil || (n == taken.Name && err == nil && owner != taken.Lease) {
 				gone[n] = time.Since(killed)
 			}
@@ -1061,7 +965,7 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 	})
 	for n, d := range gone {
 		assert.LessOrEqual(t, d, ttl+100*time.Millisecond, "%s expired within TTL", n)
-		assert.GreaterOrEqual(t, d, ttl-opsRenewMax(ttl)-100*time.Millisecond, "%s was not released early", n)
+		assert.GreaterOrEqual(t, d, ttl-renewMax(ttl)-100*time.Millisecond, "%s was not released early", n)
 	}
 	var w lease
 	select {
@@ -1076,13 +980,13 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 	// The restarted agent grants above every old token.
 	f.agents[0].start(t)
 	app2 := f.agents[0].client(t, "c3-app2")
-	again := mustAcquire(t, app2, alone.Name, opsTTL(ttl))
+	again := mustAcquire(t, app2, alone.Name, ttlArg(ttl))
 	assert.Greater(t, again.Token, alone.Token)
 	opsRelease(t, other, w.Lease)
-	back := mustAcquire(t, app2, taken.Name, opsTTL(ttl))
+	back := mustAcquire(t, app2, taken.Name, ttlArg(ttl))
 	assert.Greater(t, back.Token, w.Token)
 	t.Logf("C3 agent kill -9: app saw EOF after %s; keys expired %s / %s after the kill (TTL %s); the waiter on the other agent got it after %s with token %d > %d; restarted agent's tokens %d > %d, %d > %d",
-		opsMs(eof), opsMs(gone[taken.Name]), opsMs(gone[alone.Name]), opsMs(ttl), opsMs(waited), w.Token, taken.Token, again.Token, alone.Token, back.Token, w.Token)
+		msString(eof), msString(gone[taken.Name]), msString(gone[alone.Name]), msString(ttl), msString(waited), w.Token, taken.Token, again.Token, alone.Token, back.Token, w.Token)
 }
 
 // ---------------------------------------------------------------------------
@@ -1094,17 +998,17 @@ func TestSentinel_Failover(t *testing.T) {
 	sn := redistest.StartSentinel(t)
 	a := opsAgent(t, fmt.Sprintf("  addresses   = %s\n  master_name = %q", opsHCLList(sn.SentinelAddrs()), sn.MasterName()))
 	app := a.client(t, "sentinel-app")
-	lg := opsRecordEvents(app)
+	lg := recordEvents(app)
 
 	var before []uint64
 	for i := range 4 {
-		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), opsTTL(ttl))
+		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), ttlArg(ttl))
 		before = append(before, l.Token)
 		opsRelease(t, app, l.Lease)
 	}
 	var held []lease
 	for i := range 4 {
-		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), opsTTL(ttl))
+		l := mustAcquire(t, app, fmt.Sprintf("sn/%d", i), ttlArg(ttl))
 		before = append(before, l.Token)
 		held = append(held, l)
 	}
@@ -1128,22 +1032,22 @@ func TestSentinel_Failover(t *testing.T) {
 		if ev, lost := lg.lost(l.Lease); lost {
 			assert.Contains(t, []string{"expired", "taken_over", "backend_unavailable"}, ev.Reason, l.Name)
 			outcome["lost:"+ev.Reason]++
-			next := mustAcquire(t, app, l.Name, opsTTL(ttl))
+			next := mustAcquire(t, app, l.Name, ttlArg(ttl))
 			assert.Greater(t, next.Token, l.Token)
 			continue
 		}
 		outcome["kept"]++
 		r := opsCheck(t, app, l.Lease)
 		assert.True(t, r.Held, "%s: kept without a lost event, so held", l.Name)
-		owner, err := rc.HGet(t.Context(), opsKey(l.Name), "o").Result()
+		owner, err := rc.HGet(t.Context(), lockKey(l.Name), "o").Result()
 		require.NoError(t, err, "%s is on the new primary", l.Name)
 		assert.Equal(t, l.Lease, owner)
 		opsRelease(t, app, l.Lease)
-		next := mustAcquire(t, app, l.Name, opsTTL(ttl))
+		next := mustAcquire(t, app, l.Name, ttlArg(ttl))
 		assert.Greater(t, next.Token, l.Token, "%s: tokens keep increasing after the failover", l.Name)
 	}
 	t.Logf("Sentinel failover: took %s; new acquires served %s after it (token %d > %d); leases %v; events %v",
-		opsMs(failedOver.Sub(start)), opsMs(serving), fresh.Token, opsMaxToken(before), outcome, lg.kinds())
+		msString(failedOver.Sub(start)), msString(serving), fresh.Token, opsMaxToken(before), outcome, lg.kinds())
 }
 
 // ---------------------------------------------------------------------------
@@ -1162,7 +1066,7 @@ func TestCluster_TwoAgents(t *testing.T) {
 	slots, err := cc.ClusterSlots(ctx).Result()
 	require.NoError(t, err)
 	ownerOf := func(name string) string {
-		slot, err := cc.ClusterKeySlot(ctx, opsKey(name)).Result()
+		slot, err := cc.ClusterKeySlot(ctx, lockKey(name)).Result()
 		require.NoError(t, err)
 		for _, s := range slots {
 			if int64(s.Start) <= slot && slot <= int64(s.End) {
@@ -1182,14 +1086,14 @@ func TestCluster_TwoAgents(t *testing.T) {
 	// Many names, granted on both agents: each key lives on its slot's
 	// primary, and all three primaries are used.
 	apps := []*socketapi.Client{agents[0].client(t, "cl-0"), agents[1].client(t, "cl-1")}
-	logs := []*opsEventLog{opsRecordEvents(apps[0]), opsRecordEvents(apps[1])}
+	logs := []*eventLog{recordEvents(apps[0]), recordEvents(apps[1])}
 	perNode := map[string][]string{}
 	for i := range 24 {
 		n := fmt.Sprintf("cl/%d", i)
 		addr := ownerOf(n)
 		perNode[addr] = append(perNode[addr], n)
-		l := mustAcquire(t, apps[i%2], n, opsTTL(ttl))
-		owner, err := nodes[addr].HGet(ctx, opsKey(n), "o").Result()
+		l := mustAcquire(t, apps[i%2], n, ttlArg(ttl))
+		owner, err := nodes[addr].HGet(ctx, lockKey(n), "o").Result()
 		require.NoError(t, err, "%s lives on %s", n, addr)
 		assert.Equal(t, l.Lease, owner)
 		assert.False(t, tryAcquire(t, apps[(i+1)%2], n, nil).Acquired, "%s is held across agents", n)
@@ -1203,7 +1107,7 @@ func TestCluster_TwoAgents(t *testing.T) {
 	for addr, names := range perNode {
 		n := names[0]
 		holder := agents[0].client(t, "cl-holder")
-		l := mustAcquire(t, holder, n, opsTTL(ttl))
+		l := mustAcquire(t, holder, n, ttlArg(ttl))
 		waiter := agents[1].client(t, "cl-waiter")
 		got := make(chan lease, 1)
 		go func() {
@@ -1239,11 +1143,11 @@ func TestCluster_TwoAgents(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	var workers []*socketapi.Client
-	var wlogs []*opsEventLog
+	var wlogs []*eventLog
 	for i := range 4 {
 		c := agents[i%2].client(t, fmt.Sprintf("cl-worker-%d", i))
 		workers = append(workers, c)
-		wlogs = append(wlogs, opsRecordEvents(c))
+		wlogs = append(wlogs, recordEvents(c))
 	}
 	for i, c := range workers {
 		wg.Add(1)
@@ -1289,5 +1193,5 @@ func TestCluster_TwoAgents(t *testing.T) {
 		spread[addr] = len(names)
 	}
 	t.Logf("Cluster: 24 names over 3 primaries %v; A1 across agents on each primary, slowest %s; %d operations by 4 apps on 2 agents over %d hot names: linearizable",
-		spread, opsMs(slowest), res.Operations, len(hot))
+		spread, msString(slowest), res.Operations, len(hot))
 }
