@@ -194,7 +194,12 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		s.pending = make(map[string]*waiter)
 	}
 	s.pending[req.Name] = w
+	// Run waits for acquires in flight (closing is false here, under
+	// a.mu), so that a grant that lands during shutdown is released before
+	// the backend closes.
+	a.wg.Add(1)
 	a.mu.Unlock()
+	defer a.wg.Done()
 	defer a.leave(w)
 
 	if !w.queued {
@@ -281,29 +286,15 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
 		ttl: req.TTL, meta: req.Meta, session: s, index: -1,
 	}
-	// Run waits for attempts in flight, so that a grant that lands during
-	// shutdown is released before the backend closes.
-	a.mu.Lock()
-	if a.closing {
-		a.mu.Unlock()
-		return nil, 0, ErrShuttingDown
-	}
-	a.wg.Add(1)
-	a.mu.Unlock()
-	defer a.wg.Done()
-
-	start := a.now()
-	sent := start.mono
+	sent := time.Now()
 	deadline := sent.Add(req.TTL - a.margin(req.TTL))
 	if !until.IsZero() {
 		deadline = earliest(deadline, until)
 	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
-	g, err := a.b.Acquire(actx, backend.AcquireRequest{
+	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
-		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host,
+		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Deadline: deadline,
 	})
-	cancel()
 	var held *backend.HeldError
 	switch {
 	case errors.As(err, &held):
@@ -319,13 +310,12 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		}
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
-	end := a.now()
-	now := end.mono
+	now := time.Now()
 	l.token = g.Token
 	l.granted = now
 	// A suspend of the host during the round trip shortens the lease by as
 	// much, on the monotonic clock.
-	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL) - max(end.suspendedSince(start), 0))
+	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL) - max(sleptDuring(sent, now), 0))
 	l.nextRenew = sent.Add(renewInterval(req.TTL))
 
 	a.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -106,7 +107,11 @@ type Agent struct {
 	atRisk   int       // leases whose last renewal had an unknown outcome
 	degraded bool      // atRisk > 0, as last told to the sessions
 	nextWake time.Time // when the scheduler wakes next unless kicked
-	lastSeen stamp     // the scheduler's last look at the clocks
+	// wakeBy is nextWake as time since started, for LoseOverdue's look
+	// without the lock.
+	wakeBy   atomic.Int64
+	started  time.Time
+	lastSeen stamp // the scheduler's last look at the clocks
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes
 	wg   sync.WaitGroup
@@ -125,6 +130,7 @@ func New(cfg Config) *Agent {
 		queues:   make(map[string]*queue),
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
+		started:  time.Now(),
 	}
 }
 

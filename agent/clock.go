@@ -44,3 +44,13 @@ const suspendCheck = time.Second
 func (a *Agent) now() stamp {
 	return stamp{mono: time.Now(), boot: a.cfg.BootClock()}
 }
+
+// sleptDuring is how long the host was suspended between start and end,
+// both read with time.Now, judged by the wall clock, which keeps counting
+// through a suspend. It costs no system call, so it serves for every
+// backend round trip; a step of the wall clock forward reads as a suspend
+// (the lease is shortened: the safe side), and the scheduler's look at
+// CLOCK_BOOTTIME catches what a step backwards would hide.
+func sleptDuring(start, end time.Time) time.Duration {
+	return end.Round(0).Sub(start.Round(0)) - end.Sub(start)
+}

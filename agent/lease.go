@@ -158,11 +158,15 @@ const coalesce = 30
 // a lease were still held, and its lost event comes first.
 func (s *Session) LoseOverdue() {
 	a := s.a
+	// The scheduler wakes no later than the earliest due time, which is
+	// at or before every local deadline: while it is not late, no deadline
+	// has passed, and the agent's lock is not needed to know it.
+	now := time.Now()
+	if now.Sub(a.started) < time.Duration(a.wakeBy.Load()) {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
-	// Every lease's due time is at or before its local deadline: when the
-	// earliest is still ahead, no deadline has passed.
 	if len(a.sched) == 0 || a.sched[0].due().After(now) {
 		return
 	}
@@ -226,6 +230,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 			wait = min(a.sched[0].due().Sub(now), suspendCheck)
 		}
 		a.nextWake = now.Add(wait)
+		a.wakeBy.Store(int64(a.nextWake.Sub(a.started)))
 		a.mu.Unlock()
 
 		// Leases at risk have near deadlines, and their batch is bounded
@@ -252,7 +257,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 // renew sends one batch of renewals and applies the answers.
 func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	reqs := make([]backend.RenewRequest, len(batch))
-	start := a.now()
+	sent := time.Now()
 	// Wait for an answer a sixth of the TTL at most, so that a renewal
 	// lost on a dead connection is tried again (at ttl/10) while the lease
 	// is still valid; and never past the earliest local deadline, when the
@@ -261,10 +266,9 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	for i, l := range batch {
 		// Only the scheduler writes these fields while renewing is set.
 		reqs[i] = backend.RenewRequest{Lease: backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
-		deadline = earliest(deadline, l.validUntil, start.mono.Add(l.ttl/6))
+		deadline = earliest(deadline, l.validUntil, sent.Add(l.ttl/6))
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
-	sent := start.mono
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
 	if ctx.Err() != nil {
@@ -273,9 +277,8 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	end := a.now()
-	now := end.mono
-	if end.suspendedSince(start) > suspendThreshold {
+	now := time.Now()
+	if sleptDuring(sent, now) > suspendThreshold {
 		// The host slept during the round trip: when the renewals were
 		// applied is unknown on the monotonic clock.
 		for i, err := range errs {

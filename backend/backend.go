@@ -70,6 +70,11 @@ type AcquireRequest struct {
 	TTL   time.Duration
 	Meta  string // free text shown to inspect
 	Host  string // the host of the holder, shown to inspect
+	// Deadline, if set, is when the answer stops being of use (the grant
+	// could no longer be handed out). A backend that waits on a network
+	// waits no longer, and never sends the request, or a retry of it,
+	// after it.
+	Deadline time.Time
 }
 
 // Grant is a successful acquire.

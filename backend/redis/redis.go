@@ -156,6 +156,11 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	if req.TTL <= 0 {
 		return backend.Grant{}, fmt.Errorf("redis: acquire %q: ttl must be positive", req.Name)
 	}
+	if !req.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 	k := b.keys(req.Name)
 	res, err := acquireScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.f},
 		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds()).Slice()
