@@ -55,13 +55,18 @@ func TestGrantComesBeforeItsEvents(t *testing.T) {
 	<-done
 }
 
-// slowAcquire delays the backend's acquires.
+// slowAcquire delays the backend's acquires, and says when one started.
 type slowAcquire struct {
 	backend.Backend
-	delay atomic.Int64
+	delay   atomic.Int64
+	started chan struct{}
 }
 
 func (s *slowAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
+	select {
+	case s.started <- struct{}{}:
+	default:
+	}
 	time.Sleep(time.Duration(s.delay.Load()))
 	return s.Backend.Acquire(ctx, req)
 }
@@ -69,13 +74,13 @@ func (s *slowAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (
 // TestResumeEndsTheOldConnectionsRequests: a try in flight on a connection
 // whose session another connection resumes is not granted to anybody.
 func TestResumeEndsTheOldConnectionsRequests(t *testing.T) {
-	sb := &slowAcquire{}
+	sb := &slowAcquire{started: make(chan struct{}, 1)}
 	ta := startAgent(t, func(o *options) { sb.Backend = o.agent.Backend; o.agent.Backend = sb })
 	a := ta.raw(t)
 	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000}`)
 	sb.delay.Store(int64(300 * time.Millisecond))
 	a.send(`{"id":2,"op":"acquire","name":"x"}`)
-	time.Sleep(50 * time.Millisecond) // the try is in the backend
+	<-sb.started // the try is in the backend
 	b := ta.raw(t)
 	b.ok(fmt.Sprintf(`{"id":1,"op":"hello","resume":{"session":%q,"token":%q}}`, h["session"], h["resume_token"]))
 	sb.delay.Store(0)
