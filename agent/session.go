@@ -190,9 +190,9 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 	return s, nil
 }
 
-// Detach tells the session that conn is gone. Its connection-scoped leases
-// are released before Detach returns; the session ends now, or after its TTL
-// if it has one.
+// Detach tells the session that conn is gone, and closes it. Its
+// connection-scoped leases are released before Detach returns; the session
+// ends now, or after its TTL if it has one.
 func (s *Session) Detach(conn Conn) {
 	a := s.a
 	a.mu.Lock()
@@ -213,6 +213,10 @@ func (s *Session) Detach(conn Conn) {
 		})
 	}
 	a.mu.Unlock()
+	// The connection is closed before the backend is asked: its end is the
+	// application's notice that its connection-scoped leases are gone, and
+	// a backend that does not answer must not hold it open meanwhile.
+	conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	for _, l := range gone {

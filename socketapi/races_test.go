@@ -133,3 +133,38 @@ func TestCancelThenReuseTheID(t *testing.T) {
 		b.nc.Close()
 	}
 }
+
+// slowRelease makes the backend's releases hang, as a backend that does
+// not answer would.
+type slowRelease struct {
+	backend.Backend
+	hang    atomic.Bool
+	unblock chan struct{}
+}
+
+func (s *slowRelease) Release(ctx context.Context, l backend.Lease) error {
+	if s.hang.Load() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.unblock:
+		}
+	}
+	return s.Backend.Release(ctx, l)
+}
+
+// TestDroppedConnectionClosesBeforeTheRelease: a connection dropped for a
+// missed heartbeat is closed at once, even when the backend does not answer
+// the release: its end is the application's notice that its locks are gone.
+func TestDroppedConnectionClosesBeforeTheRelease(t *testing.T) {
+	sb := &slowRelease{unblock: make(chan struct{})}
+	ta := startAgent(t, func(o *options) { sb.Backend = o.agent.Backend; o.agent.Backend = sb })
+	r := ta.raw(t)
+	r.ok(`{"op":"hello","heartbeat_ms":200}`)
+	r.ok(`{"op":"acquire","name":"hb"}`)
+	sb.hang.Store(true)
+	silent := time.Now()
+	r.requireClosed()
+	assert.Less(t, time.Since(silent), 2*time.Second, "closed at the heartbeat, not after the release gave up")
+	close(sb.unblock)
+}
