@@ -1,0 +1,313 @@
+// Package chaos is lockagent's Jepsen-style safety harness (testing.md's
+// D1). It builds the real agent binary, starts one redis-server and three
+// agent processes, each reaching Redis through its own fault proxy
+// (internal/faultproxy), and drives many client sessions over a few lock
+// names while a seeded schedule injects faults. Each client loops: acquire
+// (wait_ms bounded, ttl_ms 1000-2000), then a few updates under the lock
+// (sometimes many, for seconds), each a read-modify-write with a short
+// delay inside, of a counter fenced by the lease's token and of a plain
+// one, then release. Every operation is recorded with its invocation and
+// return times and its outcome (ok, fail, or unknown when the call errored
+// or the connection died), with every `lost` event and connection end, and
+// checked afterwards:
+//
+//   - porcupine with a lock model partitioned by name (internal/lockcheck):
+//     Strict for fault-free runs; Lease under faults, where a lease may end
+//     without a release, but only around its `lost` event or once its
+//     connection, its agent or Redis's data died (or its agent was stopped
+//     and said so on waking, C1);
+//   - the per-name token high-water: a grant asked for after another one
+//     returned has a larger token;
+//   - a fenced counter (a lockcheck.Register in front of a counter) must
+//     lose no increment, while the same updates of the unfenced counter
+//     must lose some under faults: the harness has teeth;
+//   - every `lost` event arrives before the next grant of the name: each
+//     lease with a smaller token had ended for its holder when a grant
+//     returned;
+//   - a release sent to a stopped agent and answered after SIGCONT, when
+//     the stop outlasted the TTL, is answered not_held, never released (C1).
+//
+// Faults (faults.go), each kind once in every round of a shuffled deck: an
+// agent's Redis link black-holed shorter and longer than the TTL, its
+// connections reset, or slowed; agents SIGSTOPped shorter and longer than
+// the TTL, and killed with SIGKILL and restarted; redis-server paused
+// shorter and longer than the TTL, and restarted without persistence; a
+// client's connection closed while it holds a lock; a client paused longer
+// than the TTL between the read and the write of an update (half the
+// clients set heartbeat_ms, and the pause is aimed at one of them, whose
+// agent drops it, and its locks, meanwhile). Kinds, targets, durations and
+// gaps come from a math/rand/v2 generator seeded with the run's seed,
+// printed at its start and in its summary line:
+//
+//	chaos: seed=S duration=D operations=N faults=F violations=V
+//
+// On a failure the seed, porcupine's HTML visualization, the history (also
+// as JSON lines that lockcheck.ReadLeaseHistory loads), the agents' and
+// redis-server's logs, the fault timeline and the violations are saved under
+// $LOCKAGENT_ARTIFACTS (else the temporary directory), named in the failure
+// message; -chaos.keep saves them for runs that pass too.
+//
+// The tests run a 10 s fault-free run, a 60 s run with faults, and the
+// seeds that found bugs (regressions). A long run is one command:
+//
+//	go test ./internal/chaos -run 'TestChaos$' -chaos.duration=10m -timeout 0
+//
+// A failing seed is replayed with -chaos.seed=S (with -chaos.duration as
+// long as it took), against another build of the agent with
+// LOCKAGENT_CHAOS_BIN=path. The clients' interleaving is the machine's, so a
+// replay recreates a bug's conditions, not always the bug. It needs
+// redis-server on PATH. It is test support: nothing in the agent imports it.
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockagent/lockagent/internal/lockcheck"
+)
+
+// Config describes a run.
+type Config struct {
+	// Binary is the lockagent binary under test (see Build).
+	Binary string
+	// Seed drives the fault schedule and the clients' choices.
+	Seed uint64
+	// Duration is how long the clients run (faults included).
+	Duration time.Duration
+	// Faults turns the fault schedule on; without it the run is checked
+	// with the Strict model, and must lose no lease and no update.
+	Faults bool
+	// Agents, Clients and Names size the run: 3, 12 and 4 by default.
+	// Client i uses agent i mod Agents.
+	Agents, Clients, Names int
+	// Slack is the measurement tolerance of the lost-before-grant check:
+	// a `lost` event and a grant elsewhere are timed by different
+	// goroutines of the test process. Default 20 ms.
+	Slack time.Duration
+	// Artifacts is the directory for a failed run's artifacts; default
+	// $LOCKAGENT_ARTIFACTS, else the temporary directory.
+	Artifacts string
+	// KeepArtifacts saves the artifacts of a run that passed too.
+	KeepArtifacts bool
+	// NoTeeth spares a run with faults the demand that the unfenced
+	// counters lose updates: for short replays of a seed.
+	NoTeeth bool
+}
+
+// Report is what a run did and found.
+type Report struct {
+	Seed       uint64
+	Duration   time.Duration
+	Operations int // acquires and releases
+	Faults     int
+	Violations []lockcheck.Violation
+	// Problems are failures that are not violations of a promise: the
+	// harness lacked teeth, or a check could not run.
+	Problems []string
+
+	Grants, Denials, Unknown int
+	Lost                     int // `lost` events received
+	FencedWrites, Rejected   int // of the fenced counters
+	PlainIncrements          int // of the unfenced counters
+	PlainLost                int // increments of the unfenced counters lost
+	// ClosestLost is the smallest time from a `lost` event (not excused by
+	// an agent stop) to a grant of the name elsewhere; -1 if none.
+	ClosestLost time.Duration
+	// Artifacts is where the failed run's artifacts are, or "".
+	Artifacts string
+}
+
+// Summary is the run's one-line summary.
+func (r *Report) Summary() string {
+	return fmt.Sprintf("chaos: seed=%d duration=%v operations=%d faults=%d violations=%d",
+		r.Seed, r.Duration.Round(time.Second), r.Operations, r.Faults, len(r.Violations))
+}
+
+// Details is a second line of counts.
+func (r *Report) Details() string {
+	return fmt.Sprintf("chaos: grants=%d denials=%d unknown=%d lost=%d fenced_writes=%d fenced_rejected=%d unfenced_increments=%d unfenced_lost=%d closest_lost_to_grant=%v",
+		r.Grants, r.Denials, r.Unknown, r.Lost, r.FencedWrites, r.Rejected, r.PlainIncrements, r.PlainLost, r.ClosestLost)
+}
+
+// RandomSeed returns a seed for a run that was given none.
+func RandomSeed() uint64 { return rand.Uint64()>>11 | 1 }
+
+// run is one run in progress.
+type run struct {
+	t     *testing.T
+	cfg   Config
+	start time.Time
+	c     *cluster
+	names []string
+
+	fenced map[string]*fencedCounter
+	plain  map[string]*plainCounter
+	strict *lockcheck.History // fault-free runs only
+
+	stop chan struct{} // closed when the clients must finish
+
+	mu         sync.Mutex // guards the fields below
+	ops        []*opRec
+	sessions   []*sessRec
+	lost       []lostEvent
+	faults     []faultRec
+	pauses     []pauseRec
+	timeline   []string
+	unexpected []lockcheck.Violation // errors of a fault-free run
+	backendEvs int
+
+	// Set by check and used by saveArtifacts.
+	leases    *lockcheck.LeaseHistory
+	html      string // porcupine's visualization, once written
+	artifacts string
+}
+
+// now is the run's clock: nanoseconds since it started, monotonic.
+func (r *run) now() int64 { return int64(time.Since(r.start)) }
+
+func (r *run) stopped() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// note adds a line to the timeline, and to the test's log.
+func (r *run) note(format string, args ...any) {
+	line := fmt.Sprintf("%9.3fs ", time.Duration(r.now()).Seconds()) + fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	r.timeline = append(r.timeline, line)
+	r.mu.Unlock()
+	r.t.Log(line)
+}
+
+// Run runs the harness as cfg says, checks the history, fails t on any
+// violation (saving the artifacts), and returns the report. It logs and
+// prints the summary line.
+func Run(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	if cfg.Agents == 0 {
+		cfg.Agents = 3
+	}
+	if cfg.Clients == 0 {
+		cfg.Clients = 12
+	}
+	if cfg.Names == 0 {
+		cfg.Names = 4
+	}
+	if cfg.Slack == 0 {
+		cfg.Slack = 20 * time.Millisecond
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = RandomSeed()
+	}
+	mode := "faults"
+	if !cfg.Faults {
+		mode = "fault-free"
+	}
+	fmt.Printf("chaos: %s run of %v with seed=%d\n", mode, cfg.Duration, cfg.Seed)
+	t.Logf("chaos: %s run of %v with seed=%d", mode, cfg.Duration, cfg.Seed)
+
+	r := &run{
+		t: t, cfg: cfg, stop: make(chan struct{}),
+		fenced: map[string]*fencedCounter{}, plain: map[string]*plainCounter{},
+	}
+	for i := range cfg.Names {
+		n := fmt.Sprintf("chaos/%d", i)
+		r.names = append(r.names, n)
+		r.fenced[n], r.plain[n] = &fencedCounter{}, &plainCounter{}
+	}
+	r.c = startCluster(t, cfg.Binary, cfg.Agents)
+	if !cfg.Faults {
+		r.strict = lockcheck.NewHistory()
+	}
+	r.start = time.Now()
+
+	workers := make([]*worker, cfg.Clients)
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &worker{r: r, id: i, agent: r.c.agents[i%cfg.Agents],
+			rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1))}
+		workers[i] = w
+		wg.Go(w.loop)
+	}
+	until := r.start.Add(cfg.Duration)
+	if cfg.Faults {
+		r.injectFaults(until, workers)
+	} else {
+		time.Sleep(time.Until(until))
+	}
+	r.heal()
+	elapsed := time.Since(r.start)
+	close(r.stop)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(60 * time.Second):
+		// Every call has a timeout: this is a bug of the harness.
+		t.Fatalf("chaos: the clients did not finish within 60s of the end of the run")
+	}
+	var stops []lockcheck.Violation
+	for _, a := range r.c.agents {
+		if err := a.stop(); err != nil {
+			stops = append(stops, lockcheck.Violation{Check: "agent", At: r.now(), Detail: err.Error()})
+		}
+	}
+
+	rep := r.check()
+	rep.Seed, rep.Duration = cfg.Seed, elapsed
+	rep.Violations = append(rep.Violations, stops...)
+	r.finish(rep)
+	return rep
+}
+
+// finish logs the report and, if the run failed, saves the artifacts and
+// fails the test.
+func (r *run) finish(rep *Report) {
+	t := r.t
+	failed := len(rep.Violations) > 0 || len(rep.Problems) > 0
+	if failed || r.cfg.KeepArtifacts {
+		rep.Artifacts = r.saveArtifacts(rep)
+	}
+	t.Log(rep.Summary())
+	t.Log(rep.Details())
+	fmt.Println(rep.Summary())
+	fmt.Println(rep.Details())
+	if !failed {
+		if rep.Artifacts != "" {
+			t.Logf("chaos: artifacts in %s", rep.Artifacts)
+		}
+		return
+	}
+	var b strings.Builder
+	for i, v := range rep.Violations {
+		if i == 50 {
+			fmt.Fprintf(&b, "  ... and %d more\n", len(rep.Violations)-i)
+			break
+		}
+		fmt.Fprintf(&b, "  %s\n", v)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(&b, "  %s\n", p)
+	}
+	t.Errorf("chaos: seed=%d failed: %d violations, %d problems; artifacts (seed, history.html, agent logs, timeline) in %s\n%s",
+		rep.Seed, len(rep.Violations), len(rep.Problems), rep.Artifacts, b.String())
+}
+
+// sortedFaults returns the fault records in time order.
+func (r *run) sortedFaults() []faultRec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fs := slices.Clone(r.faults)
+	slices.SortFunc(fs, func(a, b faultRec) int { return cmp.Compare(a.start, b.start) })
+	return fs
+}

@@ -1,0 +1,294 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockagent/lockagent/internal/faultproxy"
+	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+const (
+	// readyTimeout bounds an agent's start, from exec to its first pong.
+	readyTimeout = 20 * time.Second
+	// stopTimeout bounds an agent's exit after SIGTERM.
+	stopTimeout = 10 * time.Second
+)
+
+// cluster is one redis-server and the agents sharing it, each reaching it
+// through a fault proxy of its own.
+type cluster struct {
+	bin    string
+	redis  *redistest.Server
+	agents []*agent
+}
+
+// agent is one agent process, started again after a kill in the same home:
+// socket, state directory, config and log file.
+type agent struct {
+	idx     int
+	bin     string
+	dir     string // short: os.MkdirTemp("", "ch")
+	socket  string
+	config  string
+	logPath string
+	proxy   *faultproxy.Proxy
+
+	mu         sync.Mutex // guards the fields below
+	cmd        *exec.Cmd
+	done       chan struct{} // closed when the current process has exited
+	expectExit bool          // the harness killed or stopped it
+	starts     int
+	unexpected []string // exits the harness did not cause
+}
+
+// startCluster starts redis-server (without persistence) and n agents on it.
+func startCluster(t *testing.T, bin string, n int) *cluster {
+	t.Helper()
+	c := &cluster{bin: bin, redis: redistest.Start(t, redistest.Options{})}
+	for i := range n {
+		a := &agent{idx: i, bin: bin, proxy: faultproxy.New(t, c.redis.Addr())}
+		dir, err := os.MkdirTemp("", "ch")
+		if err != nil {
+			t.Fatalf("chaos: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		a.dir = dir
+		a.socket = filepath.Join(dir, "s")
+		a.config = filepath.Join(dir, "agent.hcl")
+		a.logPath = filepath.Join(dir, "agent.log")
+		cfg := fmt.Sprintf("state_dir = %q\nlog_level = \"debug\"\nbackend \"redis\" {\n  addresses  = [%q]\n  key_prefix = \"chaos\"\n}\n",
+			filepath.Join(dir, "state"), a.proxy.Addr())
+		if err := os.WriteFile(a.config, []byte(cfg), 0o600); err != nil {
+			t.Fatalf("chaos: %v", err)
+		}
+		// Cleanups run last in, first out: the agents go before their
+		// proxies and redis-server.
+		t.Cleanup(a.kill)
+		if err := a.start(); err != nil {
+			t.Fatalf("chaos: %v", err)
+		}
+		c.agents = append(c.agents, a)
+	}
+	return c
+}
+
+// agentEnv is the test's environment without what would point the agent at
+// another socket or at the host's systemd.
+func agentEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		switch k, _, _ := strings.Cut(kv, "="); k {
+		case "GORACE", "LOCKAGENT_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+			"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "INVOCATION_ID":
+			continue
+		}
+		env = append(env, kv)
+	}
+	// A race-enabled binary sleeps a second at exit by default.
+	gorace := os.Getenv("GORACE")
+	if !strings.Contains(gorace, "atexit_sleep_ms") {
+		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
+	}
+	return append(env, "GORACE="+gorace)
+}
+
+// start starts the agent process and waits until it answers ping.
+func (a *agent) start() error {
+	logf, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	a.mu.Lock()
+	a.starts++
+	fmt.Fprintf(logf, "=== chaos: start #%d of agent %d at %s\n", a.starts, a.idx, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(a.bin, "agent", "-config", a.config, "-socket", a.socket)
+	cmd.Env = agentEnv()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// If the test binary dies without its cleanups, the agent goes too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		a.mu.Unlock()
+		return fmt.Errorf("start agent %d: %w", a.idx, err)
+	}
+	done := make(chan struct{})
+	a.cmd, a.done, a.expectExit = cmd, done, false
+	a.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		a.mu.Lock()
+		if !a.expectExit {
+			a.unexpected = append(a.unexpected, fmt.Sprintf("agent %d (pid %d) exited on its own: %v", a.idx, cmd.Process.Pid, err))
+		}
+		a.mu.Unlock()
+		close(done)
+	}()
+
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		select {
+		case <-done:
+			return fmt.Errorf("agent %d exited before it was ready; see %s:\n%s", a.idx, a.logPath, tail(a.logPath, 4000))
+		default:
+		}
+		if ping(a.socket) == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent %d did not answer on %s within %v:\n%s", a.idx, a.socket, readyTimeout, tail(a.logPath, 4000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ping opens a connection to socket and pings.
+func ping(socket string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := socketapi.Dial(ctx, socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Call(ctx, "ping", nil, nil)
+}
+
+// running reports whether the agent's process is alive (stopped counts).
+func (a *agent) running() bool {
+	a.mu.Lock()
+	done := a.done
+	a.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// signal sends sig to the agent's process, if it runs.
+func (a *agent) signal(sig syscall.Signal) {
+	a.mu.Lock()
+	cmd := a.cmd
+	a.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(sig)
+	}
+}
+
+// pause stops the agent with SIGSTOP and waits (a second at most) until
+// every one of its threads is stopped: kill(2) returns before they are,
+// and a thread still running might serve a request sent meanwhile.
+func (a *agent) pause() {
+	a.mu.Lock()
+	cmd := a.cmd
+	a.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if allStopped(cmd.Process.Pid) {
+			return
+		}
+	}
+}
+
+// allStopped tells whether every thread of process pid is stopped (state
+// T in /proc), or the process is gone.
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return true
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the command name, which is in parentheses
+		// and may hold anything.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return false
+		}
+		if st := b[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+			return false
+		}
+	}
+	return true
+}
+
+// kill kills the agent with SIGKILL and waits for it to be gone.
+func (a *agent) kill() {
+	a.mu.Lock()
+	cmd, done := a.cmd, a.done
+	a.expectExit = true
+	a.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// stop ends the agent with SIGTERM (after SIGCONT, in case it is stopped)
+// and reports whether it exited cleanly in time; it is killed otherwise.
+func (a *agent) stop() error {
+	a.mu.Lock()
+	cmd, done := a.cmd, a.done
+	a.expectExit = true
+	a.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
+			return fmt.Errorf("agent %d exited with status %d after SIGTERM", a.idx, code)
+		}
+		return nil
+	case <-time.After(stopTimeout):
+		a.kill()
+		return fmt.Errorf("agent %d did not exit within %v of SIGTERM", a.idx, stopTimeout)
+	}
+}
+
+// unexpectedExits returns the exits the harness did not cause.
+func (a *agent) unexpectedExits() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.unexpected...)
+}
+
+// tail returns the last n bytes of the file at path.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

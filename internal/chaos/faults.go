@@ -1,0 +1,201 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"syscall"
+	"time"
+)
+
+// faultKind is a kind of fault of the schedule.
+type faultKind int
+
+const (
+	blackholeShort  faultKind = iota // an agent's Redis link black-holed < TTL
+	blackholeLong                    // ... > TTL (testing.md B1)
+	resetLinks                       // an agent's Redis connections reset every 200 ms (B2)
+	slowLink                         // an agent's Redis link slowed by 150-450 ms a round trip (B3)
+	stopShort                        // an agent SIGSTOPped < TTL (C2)
+	stopLong                         // ... > TTL (C1)
+	killAgent                        // an agent SIGKILLed and restarted (C3)
+	pauseRedisShort                  // redis-server SIGSTOPped < TTL
+	pauseRedisLong                   // ... > TTL (B5)
+	restartRedis                     // redis-server killed and restarted without persistence (B6)
+	killClient                       // a client's connection closed while it holds a lock (A1)
+	pauseClient                      // a client paused > TTL inside a read-modify-write under its lock
+	numFaultKinds
+)
+
+func (k faultKind) String() string {
+	return [...]string{"blackhole-short", "blackhole-long", "reset-links", "slow-link", "stop-agent-short",
+		"stop-agent-long", "kill-agent", "pause-redis-short", "pause-redis-long", "restart-redis", "kill-client",
+		"pause-client"}[k]
+}
+
+// faultRec is a fault as injected: its target (an agent's index, or -1
+// for redis-server or a client) and when it started and ended.
+type faultRec struct {
+	kind       faultKind
+	agent      int
+	start, end int64
+	stopped    int64 // of an agent stop: when every thread of the agent was stopped
+	detail     string
+}
+
+func (f faultRec) String() string {
+	return fmt.Sprintf("%9.3fs–%9.3fs %-17s %s", time.Duration(f.start).Seconds(), time.Duration(f.end).Seconds(), f.kind, f.detail)
+}
+
+// injectFaults runs the seeded schedule of faults, one after the other
+// with calm in between, until until. It runs on the test's goroutine (the
+// redistest calls may fail the test).
+func (r *run) injectFaults(until time.Time, workers []*worker) {
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0xfa0175))
+	var deck []faultKind
+	for {
+		// Every draw happens whatever the state, so that a seed always
+		// gives the same schedule.
+		gap := msIn(rng, 500, 2500)
+		if len(deck) == 0 {
+			deck = make([]faultKind, numFaultKinds)
+			for i := range deck {
+				deck[i] = faultKind(i)
+			}
+			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		}
+		kind := deck[0]
+		deck = deck[1:]
+		target := rng.IntN(len(r.c.agents))
+		short, long := msIn(rng, 150, 450), msIn(rng, 2500, 4500)
+		pick := rng.Uint64()
+
+		if time.Until(until) < gap+time.Second {
+			time.Sleep(max(time.Until(until), 0))
+			return
+		}
+		time.Sleep(gap)
+		r.inject(kind, target, short, long, pick, workers)
+		r.revive()
+	}
+}
+
+func msIn(rng *rand.Rand, lo, hi int) time.Duration {
+	return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond
+}
+
+// inject injects one fault and waits for its end.
+func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick uint64, workers []*worker) {
+	a := r.c.agents[target]
+	f := faultRec{kind: kind, agent: target, start: r.now(), end: -1}
+	switch kind {
+	case blackholeShort, blackholeLong:
+		d := short
+		if kind == blackholeLong {
+			d = long
+		}
+		f.detail = fmt.Sprintf("agent %d's Redis link black-holed for %v", target, d)
+		a.proxy.Blackhole()
+		time.Sleep(d)
+		a.proxy.Pass()
+	case resetLinks:
+		d := long / 2
+		f.detail = fmt.Sprintf("agent %d's Redis connections reset every 200ms for %v", target, d)
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			a.proxy.ResetAll()
+		}
+	case slowLink:
+		delay := short / 2
+		f.detail = fmt.Sprintf("agent %d's Redis link delayed %v each way for %v", target, delay, long)
+		a.proxy.Delay(delay)
+		time.Sleep(long)
+		a.proxy.Pass()
+	case stopShort, stopLong:
+		d := short
+		if kind == stopLong {
+			d = long
+		}
+		f.detail = fmt.Sprintf("agent %d SIGSTOPped for %v", target, d)
+		a.pause()
+		f.stopped = r.now()
+		time.Sleep(d)
+		// The end is taken before SIGCONT: whatever the agent does once
+		// it runs again comes after it.
+		f.end = r.now()
+		a.signal(syscall.SIGCONT)
+	case killAgent:
+		down := short * 2
+		f.detail = fmt.Sprintf("agent %d SIGKILLed, restarted after %v", target, down)
+		a.kill()
+		f.end = r.now()
+		time.Sleep(down)
+		if err := a.start(); err != nil {
+			r.t.Errorf("chaos: restarting agent %d: %v", target, err)
+		}
+		f.detail += fmt.Sprintf(" (down %v)", time.Duration(r.now()-f.start).Round(time.Millisecond))
+	case pauseRedisShort, pauseRedisLong:
+		d := short
+		if kind == pauseRedisLong {
+			d = long
+		}
+		f.agent = -1
+		f.detail = fmt.Sprintf("redis-server SIGSTOPped for %v", d)
+		r.c.redis.Pause()
+		time.Sleep(d)
+		r.c.redis.Resume()
+	case restartRedis:
+		f.agent = -1
+		f.detail = "redis-server killed and restarted without persistence"
+		r.c.redis.Restart(r.t)
+	case killClient:
+		// The client is the seed's: it drops its connection at its next
+		// update under a lock.
+		f.agent = -1
+		w := workers[pick%uint64(len(workers))]
+		w.killReq.Store(true)
+		f.detail = fmt.Sprintf("client %d (on agent %d) to drop its connection at its next update under a lock", w.id, w.agent.idx)
+	case pauseClient:
+		// Among the clients with a heartbeat (the agent keeps the leases
+		// of a silent client without one, testing.md A3), the seed's: it
+		// pauses at its next update under a lock.
+		f.agent = -1
+		var hb []*worker
+		for _, w := range workers {
+			if w.heartbeat() {
+				hb = append(hb, w)
+			}
+		}
+		w := hb[pick%uint64(len(hb))]
+		w.pauseReq.Store(int64(long))
+		f.detail = fmt.Sprintf("client %d (on agent %d) to pause %v, pings included, between the read and the write of its next update under a lock", w.id, w.agent.idx, long)
+	}
+	if f.end < 0 {
+		f.end = r.now()
+	}
+	r.mu.Lock()
+	r.faults = append(r.faults, f)
+	r.mu.Unlock()
+	r.note("fault %s", f)
+}
+
+// revive restarts the agents that exited on their own (each exit is a
+// violation, reported by the checks), so that the run goes on.
+func (r *run) revive() {
+	for _, a := range r.c.agents {
+		if !a.running() {
+			r.note("agent %d is not running: restarting it", a.idx)
+			if err := a.start(); err != nil {
+				r.t.Errorf("chaos: restarting agent %d: %v", a.idx, err)
+			}
+		}
+	}
+}
+
+// heal ends every fault: links pass, processes run.
+func (r *run) heal() {
+	for _, a := range r.c.agents {
+		a.proxy.Pass()
+		a.signal(syscall.SIGCONT)
+	}
+	r.c.redis.Resume()
+	r.revive()
+}
