@@ -400,7 +400,16 @@ class Client extends EventEmitter {
     const { mode, limit, scope, ttlMs, meta, signal } = options;
     signal?.throwIfAborted();
     const args = { name, mode, limit, scope, ttl_ms: ttlMs, wait_ms: waitMs, meta };
-    const { id, promise } = this._start('acquire', args);
+    let lease = null;
+    // The lease is tracked as its answer is read: the next line may be its
+    // lost event.
+    const { id, promise } = this._start('acquire', args, {
+      onAnswer: (res) => {
+        if (!res.acquired) return;
+        lease = new Lease(this, res, meta);
+        this._leases.set(lease.id, lease);
+      },
+    });
     let aborted = false;
     const onAbort = () => {
       aborted = true;
@@ -419,8 +428,6 @@ class Client extends EventEmitter {
         if (aborted) throw signal.reason;
         return null;
       }
-      const lease = new Lease(this, res, meta);
-      this._leases.set(lease.id, lease);
       if (aborted) {
         await lease.release().catch(() => {});
         throw signal.reason;
@@ -521,8 +528,12 @@ class Client extends EventEmitter {
     return this._start(op, args, opts).promise;
   }
 
-  /** Sends a request and returns its id with the promise of its answer. */
-  _start(op, args, { handshake = false, closing = false } = {}) {
+  /**
+   * Sends a request and returns its id with the promise of its answer.
+   * `onAnswer`, if given, is called with a successful answer as soon as it
+   * is read, before the lines after it.
+   */
+  _start(op, args, { handshake = false, closing = false, onAnswer } = {}) {
     const id = `r${++this._nextId}`;
     if (this._closed && !closing) return { id, promise: Promise.reject(closedError()) };
     if (!this._connected && !handshake) {
@@ -541,7 +552,7 @@ class Client extends EventEmitter {
       };
     }
     const promise = new Promise((resolve, reject) => {
-      this._pending.set(id, { op, resolve, reject });
+      this._pending.set(id, { op, resolve, reject, onAnswer });
     });
     this._sock.write(`${line}\n`);
     return { id, promise };
@@ -572,10 +583,10 @@ class Client extends EventEmitter {
       throw err;
     }
     if (this._closed) {
+      this._connected = false;
       sock.destroy();
       throw closedError();
     }
-    this._connected = true;
     this._startHeartbeat();
     for (const w of this._readyWaiters.splice(0)) w.resolve();
   }
@@ -591,9 +602,8 @@ class Client extends EventEmitter {
     };
     if (this.session && sessionTtlMs > 0) {
       try {
-        const res = await this._call('hello', { ...args, resume: { session: this.session, token: this.resumeToken } },
-          { handshake: true });
-        this._helloDone(res);
+        await this._call('hello', { ...args, resume: { session: this.session, token: this.resumeToken } },
+          { handshake: true, onAnswer: (res) => this._helloDone(res) });
         return;
       } catch (err) {
         if (err.code !== 'session_expired') throw err;
@@ -601,11 +611,15 @@ class Client extends EventEmitter {
         for (const lease of [...this._leases.values()]) lease._end(new LeaseLostError(lease, 'session_expired'));
       }
     }
-    const res = await this._call('hello', args, { handshake: true });
-    this._helloDone(res);
+    await this._call('hello', args, { handshake: true, onAnswer: (res) => this._helloDone(res) });
   }
 
+  /**
+   * Records the session as the hello answer is read, before the events
+   * that may follow it (those missed while the session was detached).
+   */
   _helloDone(res) {
+    this._connected = true;
     this.session = res.session;
     this.resumeToken = res.resume_token;
     this.agent = {
@@ -641,6 +655,7 @@ class Client extends EventEmitter {
     }
     this._pending.delete(String(msg.id));
     if (msg.ok) {
+      pending.onAnswer?.(msg);
       pending.resolve(msg);
       return;
     }

@@ -203,6 +203,17 @@ describe('against an agent', () => {
     assert.equal(await lease.release(), false, 'a lost lease has nothing to release');
   });
 
+  test('a lease lost right after its grant is lost, even in the same read', async () => {
+    const a = await client();
+    const name = unique('fast');
+    // Pipelined: the agent answers the acquire, then sends its lost event,
+    // then answers the break, likely all in one read.
+    const [lease, broken] = await Promise.all([a.tryAcquire(name), a.break(name)]);
+    assert.equal(broken, 1);
+    assert.equal(lease.lost, true);
+    assert.equal(lease.lostReason, 'broken');
+  });
+
   test('client.break ends every lease on a name', async () => {
     const [a, b] = [await client(), await client()];
     const name = unique('brk2');
