@@ -135,13 +135,13 @@ class AsyncOpsTest(AsyncAgentTestCase):
             await lockagent.AsyncClient.connect(self.agent.socket + ".none")
 
     async def test_heartbeat(self):
-        kept = await self.client(heartbeat=0.2)
+        kept = await self.client(heartbeat=0.4)
         silent = await self.client(heartbeat=0.2, auto_heartbeat=False, reconnect=False)
         a = await kept.acquire("h/1")
         b = await silent.acquire("h/2")
         self.assertTrue(await b.wait_lost(5))
         self.assertEqual(b.lost_reason, "connection_lost")
-        self.assertFalse(await a.wait_lost(1.0))
+        self.assertFalse(await a.wait_lost(1.6))
         self.assertTrue((await a.check()).held)
         self.assertTrue(silent.closed)
 
