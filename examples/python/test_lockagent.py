@@ -8,7 +8,7 @@ import unittest
 from unittest import mock
 
 import lockagent
-from harness import Agent, AgentTestCase, break_connection, wait_until
+from harness import AgentTestCase, break_connection, wait_until
 
 
 def detached(client, session):
