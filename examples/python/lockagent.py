@@ -159,6 +159,10 @@ class AgentConnectionError(LockagentError, ConnectionError):
     """The agent cannot be reached, or the connection ended before an answer."""
 
 
+class _NotSent(AgentConnectionError):
+    """A request that never reached the agent: its connection had ended."""
+
+
 class AgentTimeout(LockagentError, TimeoutError):
     """The agent did not answer within the client's timeout."""
 
@@ -1061,12 +1065,13 @@ class Client(_Core):
         except OSError:
             conn.kill()
 
-    def _connection(self):
-        """The current connection, waiting up to the timeout for a reconnect."""
+    def _connection(self, broken=None):
+        """The current connection (other than ``broken``), waiting up to the
+        timeout for a reconnect."""
         self._not_on_reader()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self._cond:
-            while self._conn is None:
+            while self._conn is None or self._conn is broken:
                 if self._closed:
                     raise AgentConnectionError("the client is closed")
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -1076,7 +1081,16 @@ class Client(_Core):
             return self._conn
 
     def _call(self, op, args, arg=None, meta=None):
-        return self._call_on(self._connection(), op, args, arg, meta)
+        conn = self._connection()
+        while True:
+            try:
+                return self._call_on(conn, op, args, arg, meta)
+            except _NotSent:
+                if not self.reconnect:
+                    raise
+            # The connection broke before the request could reach the agent:
+            # send it on the next one.
+            conn = self._connection(broken=conn)
 
     def _call_on(self, conn, op, args, arg=None, meta=None):
         key = self._next_id()
@@ -1087,13 +1101,16 @@ class Client(_Core):
         pending.done = threading.Event()
         with self._answer_mu:
             if conn.dead:
-                raise AgentConnectionError("the connection to the agent ended")
+                raise _NotSent("the connection to the agent ended")
             conn.pending[key] = pending
         try:
             conn.send(data)
         except OSError as e:
+            # sendall failed: the line's end, at least, never left.
+            with self._answer_mu:
+                conn.pending.pop(key, None)
             conn.kill()
-            raise AgentConnectionError("sending %s to the agent: %s" % (op, e)) from e
+            raise _NotSent("sending %s to the agent: %s" % (op, e)) from e
         timeout = self._call_timeout(op, args)
         try:
             answered = pending.done.wait(timeout)
@@ -1408,18 +1425,21 @@ class AsyncClient(_Core):
         except (OSError, RuntimeError):
             conn.kill()
 
-    async def _connection(self):
-        """The current connection, waiting up to the timeout for a reconnect."""
+    async def _connection(self, broken=None):
+        """The current connection (other than ``broken``), waiting up to the
+        timeout for a reconnect."""
         if not self._opened:
             raise AgentConnectionError("the client is not open: use async with, "
                                        "AsyncClient.connect or open()")
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while self._conn is None:
+        while self._conn is None or self._conn is broken:
             if self._closed:
                 raise AgentConnectionError("the client is closed")
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise AgentConnectionError("not connected to the agent at %s" % self.path)
+            if self._conn is broken:
+                self._up.clear()  # its reader has yet to see the end
             try:
                 await asyncio.wait_for(self._up.wait(), remaining)
             except asyncio.TimeoutError:
@@ -1427,11 +1447,20 @@ class AsyncClient(_Core):
         return self._conn
 
     async def _call(self, op, args, arg=None, meta=None):
-        return await self._call_on(await self._connection(), op, args, arg, meta)
+        conn = await self._connection()
+        while True:
+            try:
+                return await self._call_on(conn, op, args, arg, meta)
+            except _NotSent:
+                if not self.reconnect:
+                    raise
+            # The connection broke before the request could reach the agent:
+            # send it on the next one.
+            conn = await self._connection(broken=conn)
 
     async def _call_on(self, conn, op, args, arg=None, meta=None):
-        if conn.dead:
-            raise AgentConnectionError("the connection to the agent ended")
+        if conn.dead or conn.writer.transport.is_closing():
+            raise _NotSent("the connection to the agent ended")
         key = self._next_id()
         msg = {"id": key, "op": op}
         msg.update(args)

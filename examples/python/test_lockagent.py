@@ -397,6 +397,14 @@ class ReconnectTest(AgentTestCase):
         self.assertTrue(sess_lease.release())
         other.acquire("r/sess")
 
+    def test_a_request_right_after_a_break_goes_to_the_next_connection(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/1", scope="session")
+        for _ in range(5):
+            break_connection(c)
+            self.assertTrue(lease.check().held)
+        self.assertTrue(c.resumed)
+
     def test_events_missed_while_detached_arrive_on_resume(self):
         c = self.client(session_ttl=30)
         lease = c.acquire("r/1", scope="session")

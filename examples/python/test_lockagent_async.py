@@ -162,6 +162,14 @@ class AsyncReconnectTest(AsyncAgentTestCase):
         self.assertFalse(sess_lease.lost)
         self.assertEqual(events, [])
 
+    async def test_a_request_right_after_a_break_goes_to_the_next_connection(self):
+        c = await self.client(session_ttl=30)
+        lease = await c.acquire("r/1", scope="session")
+        for _ in range(5):
+            break_connection(c)
+            self.assertTrue((await lease.check()).held)
+        self.assertTrue(c.resumed)
+
     async def test_a_new_session_without_a_grace_period(self):
         c = await self.client()
         lease = await c.acquire("r/1", scope="session")
