@@ -262,4 +262,3 @@ func TestConcurrentCallsShareRoundTrips(t *testing.T) {
 	assert.Less(t, elapsed, 20*2*oneWay, "64 acquires and releases took %v: they did not share round trips", elapsed)
 	t.Logf("64 acquires and 64 releases in %v (%.1f round trips)", elapsed, float64(elapsed)/float64(2*oneWay))
 }
-
