@@ -78,9 +78,15 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	mt, mln, err := listenMetrics(cfg.Metrics.Address)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	b, err := openBackend(ctx, cfg, log.Named("backend"))
 	if err != nil {
 		ln.Close()
+		closeMetrics(mln)
 		return err
 	}
 	defer b.Close()
@@ -98,6 +104,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxWaiters:          cfg.Limits.MaxWaiters,
 		MaxLeasesPerUID:     cfg.Limits.MaxLeasesPerUID,
 		Access:              access,
+		Observer:            observer(mt),
 	})
 	srv := &socketapi.Server{
 		Agent:          a,
@@ -117,6 +124,11 @@ func agentCmd(args []string, stderr io.Writer) error {
 			stop()
 		}
 	}()
+	if mt != nil {
+		mt.Watch(a)
+		wg.Add(1)
+		go func() { defer wg.Done(); serveMetrics(ctx, mt, mln, log) }()
+	}
 	log.Info("agent started", "socket", cfg.Socket.Path, "backend", b.Name(), "version", version)
 	daemon.SdNotify(false, daemon.SdNotifyReady)
 	wg.Add(1)
