@@ -356,6 +356,7 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 	"break":   (*conn).breakOp,
 	"cancel":  (*conn).cancel,
 	"ping":    (*conn).ping,
+	"status":  (*conn).status,
 	"bye":     (*conn).bye,
 }
 
