@@ -42,6 +42,11 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           3 * time.Second,
 		MaxRetries:            2,
+		// Pipelines (renewals, calls gathered while one is in flight) use
+		// the connections that single calls keep warm: a connection of a
+		// pool of their own would be dialed on first use, paying a
+		// handshake of several round trips in the middle of a renewal.
+		PipelinePoolSize: -1,
 	}
 	pw, err := redisPassword(rc, os.Getenv)
 	if err != nil {
