@@ -3,10 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 )
 
 // lineConn is the leanest client of the protocol: write a line, read a
@@ -17,7 +20,14 @@ type lineConn struct {
 }
 
 func dialLine(path string) (*lineConn, error) {
+	// A burst of connections can fill the listener's backlog for a moment:
+	// the kernel then refuses with EAGAIN.
+	deadline := time.Now().Add(10 * time.Second)
 	nc, err := net.Dial("unix", path)
+	for errors.Is(err, syscall.EAGAIN) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		nc, err = net.Dial("unix", path)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -97,27 +97,19 @@ func (b *bench) run(root string, sections map[string]bool) error {
 	fmt.Printf("lockagent bench: %s, GOMAXPROCS %d, %s/%s, %s\n\n", cpuModel(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, time.Now().Format(time.DateOnly))
 
 	var t table
-	if sections["pairs"] {
-		if err := b.pairs(&t); err != nil {
-			return fmt.Errorf("pairs: %w", err)
+	for _, s := range []struct {
+		name string
+		run  func(*table) error
+	}{{"pairs", b.pairs}, {"renewals", b.renewals}, {"handover", b.handover}, {"rss", b.rss}} {
+		if !sections[s.name] {
+			continue
 		}
-	}
-	if sections["renewals"] {
-		if err := b.renewals(&t); err != nil {
-			return fmt.Errorf("renewals: %w", err)
+		if err := s.run(&t); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
+		t.print() // each section as soon as it is measured
 	}
-	if sections["handover"] {
-		if err := b.handover(&t); err != nil {
-			return fmt.Errorf("handover: %w", err)
-		}
-	}
-	if sections["rss"] {
-		if err := b.rss(&t); err != nil {
-			return fmt.Errorf("rss: %w", err)
-		}
-	}
-	t.print()
+	t.printTargets()
 	return nil
 }
 
@@ -324,17 +316,23 @@ type table struct {
 	latency, commands, renewal [][]string
 	handover, rss              [][]string
 	targets                    [][]string
+	printed                    map[string]bool
 }
 
 func (t *table) target(what string, got float64, want string, ok bool) {
 	t.targets = append(t.targets, []string{what, fmt.Sprintf("%.2f", got), want, map[bool]string{true: "met", false: "MISSED"}[ok]})
 }
 
+// print prints the sections measured since the last print.
 func (t *table) print() {
+	if t.printed == nil {
+		t.printed = map[string]bool{}
+	}
 	section := func(title string, header []string, rows [][]string) {
-		if len(rows) == 0 {
+		if len(rows) == 0 || t.printed[title] {
 			return
 		}
+		t.printed[title] = true
 		fmt.Println("## " + title)
 		fmt.Println()
 		printMarkdown(header, rows)
@@ -345,7 +343,12 @@ func (t *table) print() {
 	section("Renewal load, 15 s TTL, redis backend", []string{"held leases", "agent CPU %", "redis CPU %", "redis commands/s"}, t.renewal)
 	section("Dead holder → waiter holding the lock", []string{"case", "rounds", "p50 ms", "p99/max ms"}, t.handover)
 	section("Agent memory, one lease per session", []string{"backend", "sessions", "RSS MiB"}, t.rss)
-	section("Targets", []string{"target", "measured", "wanted", ""}, t.targets)
+}
+
+func (t *table) printTargets() {
+	fmt.Println("## Targets")
+	fmt.Println()
+	printMarkdown([]string{"target", "measured", "wanted", ""}, t.targets)
 }
 
 func printMarkdown(header []string, rows [][]string) {
