@@ -9,9 +9,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
@@ -54,11 +52,13 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	out, journal := logOutput(stderr)
 	log := hclog.New(&hclog.LoggerOptions{
-		Name:       "lockagent",
-		Level:      hclog.LevelFromString(cfg.LogLevel),
-		JSONFormat: cfg.LogFormat == "json",
-		Output:     stderr,
+		Name:        "lockagent",
+		Level:       hclog.LevelFromString(cfg.LogLevel),
+		JSONFormat:  cfg.LogFormat == "json",
+		Output:      out,
+		DisableTime: journal, // the journal stamps every entry
 	})
 
 	if err := checkSupported(cfg); err != nil {
@@ -76,10 +76,22 @@ func agentCmd(args []string, stderr io.Writer) error {
 	defer signal.Stop(hup)
 
 	// The socket first: an agent refused because another one serves the
-	// path must not touch that one's state.
-	ln, err := socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group)
+	// path must not touch that one's state. A socket handed over by
+	// systemd is used as it is.
+	ln, err := socketapi.Activated()
 	if err != nil {
 		return err
+	}
+	if ln == nil {
+		if ln, err = socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group); err != nil {
+			return err
+		}
+	} else {
+		addr := ln.Addr().String()
+		log.Info("serving the socket systemd handed over", "socket", addr)
+		if addr != cfg.Socket.Path {
+			log.Warn("the socket systemd handed over is not socket.path; clients looking there will not find the agent", "socket", addr, "socket.path", cfg.Socket.Path)
+		}
 	}
 	b, err := openBackend(ctx, cfg, log.Named("backend"))
 	if err != nil {
@@ -118,21 +130,12 @@ func agentCmd(args []string, stderr io.Writer) error {
 			stop()
 		}
 	}()
-	log.Info("agent started", "socket", cfg.Socket.Path, "backend", b.Name(), "version", version)
-	daemon.SdNotify(false, daemon.SdNotifyReady)
-	wg.Add(1)
-	go func() { defer wg.Done(); watchdog(ctx) }()
-
-	for done := false; !done; {
-		select {
-		case <-hup:
-			reload(*file, *level, log)
-		case <-ctx.Done():
-			done = true
-		}
-	}
+	log.Info("agent started", "socket", ln.Addr().String(), "backend", b.Name(), "version", version)
+	n := newNotifier(b.Name(), log.Named("systemd"))
+	n.ready(a.Stats())
+	supervise(ctx, n, hup, a.Stats, func() { reload(*file, *level, log) })
 	log.Info("shutting down")
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	n.stopping()
 	wg.Wait()
 	log.Info("stopped")
 	return serveErr
@@ -147,24 +150,6 @@ func reload(file, level string, log hclog.Logger) {
 	}
 	log.SetLevel(hclog.LevelFromString(cfg.LogLevel))
 	log.Info("configuration reloaded", "log_level", cfg.LogLevel)
-}
-
-// watchdog feeds systemd's watchdog at half its interval, if it is enabled.
-func watchdog(ctx context.Context) {
-	interval, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || interval == 0 {
-		return
-	}
-	t := time.NewTicker(interval / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			daemon.SdNotify(false, daemon.SdNotifyWatchdog)
-		}
-	}
 }
 
 // checkSupported refuses what this build of the agent cannot do, rather
