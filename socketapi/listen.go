@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
 )
 
 // ErrInUse is returned by Listen when another process is serving the path.
@@ -55,6 +57,80 @@ func Listen(path string, mode os.FileMode, group string) (*net.UnixListener, err
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// Activated returns the listening socket that systemd handed over (socket
+// activation: LISTEN_PID names this process and LISTEN_FDS counts the
+// sockets), or nil when none was. The socket is the unit's: its path, mode
+// and group are systemd's to set, and closing the listener neither unlinks
+// nor rebinds it. More than one socket, or one that is not a listening
+// Unix stream socket, is an error. The LISTEN_* variables are removed from
+// the environment, so that no child takes the socket for its own.
+func Activated() (*net.UnixListener, error) {
+	return activated(activation.Files(true))
+}
+
+// activated turns the handed-over files into the agent's listener; it
+// closes the files in every case.
+func activated(files []*os.File) (*net.UnixListener, error) {
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	switch len(files) {
+	case 0:
+		return nil, nil
+	case 1:
+	default:
+		return nil, fmt.Errorf("socket activation: %d sockets handed over; the agent serves exactly one", len(files))
+	}
+	f := files[0]
+	if err := checkListening(f); err != nil {
+		return nil, fmt.Errorf("socket activation: %s: %w", f.Name(), err)
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("socket activation: %w", err)
+	}
+	uln, ok := ln.(*net.UnixListener)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("socket activation: %s is a %s socket, not a Unix one", f.Name(), ln.Addr().Network())
+	}
+	// The socket file belongs to the socket unit, which may hand it to
+	// the agent's next start: the agent must never remove it.
+	uln.SetUnlinkOnClose(false)
+	return uln, nil
+}
+
+// checkListening requires f to be a stream socket in the listening state.
+func checkListening(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var soType, listening int
+	var sockErr error
+	err = rc.Control(func(fd uintptr) {
+		if soType, sockErr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TYPE); sockErr != nil {
+			return
+		}
+		listening, sockErr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_ACCEPTCONN)
+	})
+	switch {
+	case err != nil:
+		return err
+	case errors.Is(sockErr, syscall.ENOTSOCK):
+		return errors.New("not a socket")
+	case sockErr != nil:
+		return sockErr
+	case soType != syscall.SOCK_STREAM:
+		return errors.New("not a stream socket (ListenStream= in the socket unit)")
+	case listening == 0:
+		return errors.New("not a listening socket (Accept=no in the socket unit)")
+	}
+	return nil
 }
 
 // bindPrivate binds and listens at path. Linux creates a socket file with

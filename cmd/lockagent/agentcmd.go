@@ -8,9 +8,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
@@ -53,11 +51,13 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	out, journal := logOutput(stderr)
 	log := hclog.New(&hclog.LoggerOptions{
-		Name:       "lockagent",
-		Level:      hclog.LevelFromString(cfg.LogLevel),
-		JSONFormat: cfg.LogFormat == "json",
-		Output:     stderr,
+		Name:        "lockagent",
+		Level:       hclog.LevelFromString(cfg.LogLevel),
+		JSONFormat:  cfg.LogFormat == "json",
+		Output:      out,
+		DisableTime: journal, // the journal stamps every entry
 	})
 
 	access, err := accessOf(cfg)
@@ -73,10 +73,22 @@ func agentCmd(args []string, stderr io.Writer) error {
 	defer signal.Stop(hup)
 
 	// The socket first: an agent refused because another one serves the
-	// path must not touch that one's state.
-	ln, err := socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group)
+	// path must not touch that one's state. A socket handed over by
+	// systemd is used as it is.
+	ln, err := socketapi.Activated()
 	if err != nil {
 		return err
+	}
+	if ln == nil {
+		if ln, err = socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group); err != nil {
+			return err
+		}
+	} else {
+		addr := ln.Addr().String()
+		log.Info("serving the socket systemd handed over", "socket", addr)
+		if addr != cfg.Socket.Path {
+			log.Warn("the socket systemd handed over is not socket.path; clients looking there will not find the agent", "socket", addr, "socket.path", cfg.Socket.Path)
+		}
 	}
 	mt, mln, err := listenMetrics(cfg.Metrics.Address)
 	if err != nil {
@@ -129,21 +141,12 @@ func agentCmd(args []string, stderr io.Writer) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); serveMetrics(ctx, mt, mln, log) }()
 	}
-	log.Info("agent started", "socket", cfg.Socket.Path, "backend", b.Name(), "version", version)
-	daemon.SdNotify(false, daemon.SdNotifyReady)
-	wg.Add(1)
-	go func() { defer wg.Done(); watchdog(ctx) }()
-
-	for done := false; !done; {
-		select {
-		case <-hup:
-			reload(*file, *level, log, a)
-		case <-ctx.Done():
-			done = true
-		}
-	}
+	log.Info("agent started", "socket", ln.Addr().String(), "backend", b.Name(), "version", version)
+	n := newNotifier(b.Name(), log.Named("systemd"))
+	n.ready(a.Stats())
+	supervise(ctx, n, hup, a.Stats, func() { reload(*file, *level, log, a) })
 	log.Info("shutting down")
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	n.stopping()
 	wg.Wait()
 	log.Info("stopped")
 	return serveErr
@@ -164,24 +167,6 @@ func reload(file, level string, log hclog.Logger, a *agent.Agent) {
 	log.SetLevel(hclog.LevelFromString(cfg.LogLevel))
 	a.SetAccess(access)
 	log.Info("configuration reloaded", "log_level", cfg.LogLevel, "acl_rules", len(access.Rules))
-}
-
-// watchdog feeds systemd's watchdog at half its interval, if it is enabled.
-func watchdog(ctx context.Context) {
-	interval, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || interval == 0 {
-		return
-	}
-	t := time.NewTicker(interval / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			daemon.SdNotify(false, daemon.SdNotifyWatchdog)
-		}
-	}
 }
 
 func configCmd(args []string, stdout, stderr io.Writer) error {
