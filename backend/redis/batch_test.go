@@ -46,3 +46,14 @@ func TestAbandonedCallIsNotSent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "y", v)
 }
+
+// TestHashSlot: the slot of a tag is the one Redis Cluster computes.
+func TestHashSlot(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client(t)
+	for _, tag := range []string{"foo", "bar", "123456789", "orders/42", "#0f3a", "ü/ß"} {
+		want, err := c.ClusterKeySlot(context.Background(), "x{"+tag+"}").Result()
+		require.NoError(t, err)
+		assert.Equal(t, uint16(want), hashSlot(tag), "slot of %q", tag)
+	}
+}

@@ -132,13 +132,17 @@ type keys struct {
 }
 
 func (b *Backend) keys(name string) keys {
-	tag := name
+	base := b.prefix + ":lk:{" + b.tag(name) + "}"
+	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", c: base + ":c"}
+}
+
+// tag is the hash tag of a name's keys.
+func (b *Backend) tag(name string) string {
 	if strings.ContainsAny(name, "{}") {
 		sum := sha256.Sum256([]byte(name))
-		tag = "#" + hex.EncodeToString(sum[:16])
+		return "#" + hex.EncodeToString(sum[:16])
 	}
-	base := b.prefix + ":lk:{" + tag + "}"
-	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", c: base + ":c"}
+	return name
 }
 
 func modeArg(m backend.Mode) string {
@@ -194,81 +198,6 @@ func (b *Backend) fail(op, name string, err error) error {
 		return fmt.Errorf("redis: %s %q: %w", op, name, backend.ErrClosed)
 	}
 	return fmt.Errorf("redis: %s %q: %w: %v", op, name, backend.ErrUnavailable, err)
-}
-
-// renewChunk bounds one pipeline, so that a large batch does not hold a
-// connection for long nor build one huge reply.
-const renewChunk = 1000
-
-// Renew extends a batch in one pipelined round trip per chunk (per node
-// on Cluster).
-func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
-	errs := make([]error, len(reqs))
-	for start := 0; start < len(reqs); start += renewChunk {
-		end := min(start+renewChunk, len(reqs))
-		b.renewChunk(ctx, reqs[start:end], errs[start:end])
-	}
-	return errs
-}
-
-func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
-	run := func(idx []int, eval func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd) []*goredis.Cmd {
-		cmds := make([]*goredis.Cmd, len(idx))
-		p := b.c.Pipeline()
-		for j, i := range idx {
-			r := reqs[i]
-			k := b.keys(r.Name)
-			cmds[j] = eval(p, []string{k.x, k.r, k.t}, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
-		}
-		p.Exec(ctx) // each command carries its own error
-		return cmds
-	}
-	all := make([]int, len(reqs))
-	for i := range all {
-		all[i] = i
-	}
-	cmds := run(all, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
-		return renewScript.EvalSha(ctx, p, k, args...)
-	})
-	var again []int
-	for j, c := range cmds {
-		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			again = append(again, all[j])
-			continue
-		}
-		errs[all[j]] = b.renewResult(reqs[all[j]], c)
-	}
-	if len(again) == 0 {
-		return
-	}
-	// The server lost its scripts (a restart, a failover): load them and
-	// send again what failed; a renewal is idempotent.
-	if err := b.loadScripts(ctx); err != nil {
-		for _, i := range again {
-			errs[i] = b.fail("renew", reqs[i].Name, err)
-		}
-		return
-	}
-	cmds = run(again, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
-		return renewScript.Eval(ctx, p, k, args...)
-	})
-	for j, c := range cmds {
-		errs[again[j]] = b.renewResult(reqs[again[j]], c)
-	}
-}
-
-func (b *Backend) renewResult(r backend.RenewRequest, c *goredis.Cmd) error {
-	v, err := c.Int64()
-	switch {
-	case err != nil:
-		return b.fail("renew", r.Name, err)
-	case v == 1:
-		return nil
-	case v == 2:
-		return fmt.Errorf("renew %q: %w", r.Name, backend.ErrTakenOver)
-	default:
-		return fmt.Errorf("renew %q: %w", r.Name, backend.ErrNotHeld)
-	}
 }
 
 // Release ends a lease and wakes the waiters of its name.

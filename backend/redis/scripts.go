@@ -113,39 +113,6 @@ expire_shared(R, T)
 return {1, tok}
 `)
 
-// renewScript: KEYS X R T; ARGV leaseID, mode, ttl ms.
-// Returns 1 renewed, 0 gone (expired or released), 2 another lease holds
-// the name now. An expired lease is never brought back.
-var renewScript = goredis.NewScript(common + `
-local X, R, T = KEYS[1], KEYS[2], KEYS[3]
-local id, mode, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if mode == 'x' then
-  if kind(X) ~= 'hash' then
-    if kind(R) == 'zset' and redis.call('ZCOUNT', R, now, '+inf') > 0 then return 2 end
-    return 0
-  end
-  if owner(X) == id then
-    redis.call('PEXPIRE', X, ttl)
-    return 1
-  end
-  return 2
-end
-if kind(R) ~= 'zset' then
-  if kind(X) == 'hash' then return 2 end
-  return 0
-end
-local s = redis.call('ZSCORE', R, id)
-if not s then return 0 end
-if tonumber(s) < now then
-  redis.call('ZREM', R, id)
-  redis.call('HDEL', T, id)
-  return 0
-end
-redis.call('ZADD', R, now + ttl, id)
-expire_shared(R, T)
-return 1
-`)
-
 // releaseScript: KEYS X R T C; ARGV leaseID, mode.
 // Returns 1 released, 0 not held by that lease. A release publishes on C so
 // that waiters, on every agent, try again at once.
