@@ -9,18 +9,23 @@ import (
 )
 
 // batcher runs the scripts of concurrent callers in shared pipelines
-// (group commit): a call made while no pipeline is in flight goes out at
-// once, alone, from the caller's goroutine; calls made while one is in
-// flight gather, and go out together in the next pipeline as soon as it
-// returns. One session pays one round trip; many sessions share each
-// round trip, and Redis reads and answers them in one go.
+// (group commit): a call made while fewer than maxInFlight calls or
+// pipelines are in flight goes out at once, alone, from the caller's
+// goroutine; calls made while that many are in flight gather, and go out
+// together in one pipeline as soon as one returns. One session pays one
+// round trip, and so do a few (a slow link delays no call behind another);
+// many sessions share each round trip, and Redis reads and answers them
+// in one go.
 type batcher struct {
 	c goredis.UniversalClient
 
-	mu    sync.Mutex
-	busy  bool // a pipeline is in flight
-	queue []*call
+	mu       sync.Mutex
+	inFlight int // calls and pipelines in flight
+	queue    []*call
 }
+
+// maxInFlight is how many calls or pipelines go out before calls gather.
+const maxInFlight = 4
 
 // call is one script run through the batcher.
 type call struct {
@@ -37,8 +42,8 @@ type call struct {
 func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	c := &call{ctx: ctx, script: script, keys: keys, args: args}
 	b.mu.Lock()
-	if !b.busy {
-		b.busy = true
+	if b.inFlight < maxInFlight {
+		b.inFlight++
 		b.mu.Unlock()
 		b.exec(ctx, []*call{c})
 		b.handOff()
@@ -59,13 +64,13 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	}
 }
 
-// handOff is called when a pipeline returns: the calls that gathered in
-// the meantime go out from a goroutine of their own, so that the caller
-// that sent the last pipeline is not kept waiting.
+// handOff is called when a call sent alone returns: the calls that
+// gathered in the meantime go out from a goroutine of their own, so that
+// its caller is not kept waiting.
 func (b *batcher) handOff() {
 	b.mu.Lock()
 	if len(b.queue) == 0 {
-		b.busy = false
+		b.inFlight--
 		b.mu.Unlock()
 		return
 	}
@@ -81,7 +86,7 @@ func (b *batcher) drain() {
 		batch := b.queue
 		b.queue = nil
 		if len(batch) == 0 {
-			b.busy = false
+			b.inFlight--
 			b.mu.Unlock()
 			return
 		}
