@@ -100,6 +100,7 @@ type queue struct {
 type waiter struct {
 	s      *Session
 	req    AcquireRequest
+	camp   *campaign // the campaign it is for, or nil
 	since  time.Time
 	queued bool          // in the name's queue (a waiting acquire, not a try)
 	wake   chan struct{} // a value when the queue ahead changed
@@ -147,11 +148,17 @@ func (w *waiter) signal() {
 // behind the waiters already queued for it on this agent. Cancelling ctx
 // abandons the request (its error is ctx's).
 func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
-	a := s.a
-	if err := a.validateAcquire(&req); err != nil {
+	if err := s.a.validateAcquire(&req); err != nil {
 		return AcquireResult{}, err
 	}
-	w := &waiter{s: s, req: req, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
+	return s.acquire(ctx, req, nil)
+}
+
+// acquire runs a validated acquire, for the session itself or for one of
+// its campaigns (camp), whose place the session's limit already counts.
+func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign) (AcquireResult, error) {
+	a := s.a
+	w := &waiter{s: s, req: req, camp: camp, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
 
 	a.mu.Lock()
 	switch {
@@ -168,7 +175,10 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	case s.pending[req.Name] != nil:
 		a.mu.Unlock()
 		return AcquireResult{}, invalidArg("an acquire of %q is already in progress in this session", req.Name)
-	case len(s.leases)+len(s.pending) >= a.cfg.MaxLeasesPerSession:
+	case camp == nil && s.campaigns[req.Name] != nil:
+		a.mu.Unlock()
+		return AcquireResult{}, invalidArg("the session campaigns for %q: resign first", req.Name)
+	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
 		a.mu.Unlock()
 		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
 	}
@@ -284,7 +294,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	s, req := w.s, w.req
 	l := &lease{
 		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
-		ttl: req.TTL, meta: req.Meta, session: s, index: -1,
+		ttl: req.TTL, meta: req.Meta, session: s, camp: w.camp, index: -1,
 	}
 	sent := time.Now()
 	deadline := sent.Add(req.TTL - a.margin(req.TTL))

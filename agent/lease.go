@@ -31,6 +31,7 @@ type lease struct {
 	ttl     time.Duration
 	meta    string
 	session *Session
+	camp    *campaign // the campaign whose term this lease is, or nil
 	granted time.Time
 
 	// validUntil is the local deadline: the send time of the last successful
@@ -116,6 +117,9 @@ func (a *Agent) dropLease(l *lease) {
 	if l.atRisk {
 		a.atRisk-- // l keeps its flag: lose reads it for the reason
 	}
+	if l.camp != nil {
+		l.camp.termEnded(l)
+	}
 	a.wakeQueue(l.name)
 }
 
@@ -136,7 +140,11 @@ func (a *Agent) dropLost(l *lease, reason string) bool {
 	}
 	a.dropLease(l)
 	a.log.Info("lease lost", "name", l.name, "lease", l.id, "token", l.token, "reason", reason, "session", l.session.id)
-	l.session.send(Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason})
+	ev := Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason}
+	if l.camp != nil {
+		ev.Campaign = l.camp.id
+	}
+	l.session.send(ev)
 	return true
 }
 

@@ -331,6 +331,9 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 	"cancel":  (*conn).cancel,
 	"ping":    (*conn).ping,
 	"bye":     (*conn).bye,
+
+	"campaign": (*conn).campaign,
+	"resign":   (*conn).resign,
 }
 
 func (c *conn) hello(req *request) (any, error) {
@@ -576,6 +579,7 @@ func (c *conn) list(_ context.Context, id json.RawMessage, req *request) bool {
 		for _, w := range si.Waiting {
 			sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
 		}
+		sj.Campaigns = toCampaigns(si.Campaigns)
 		res.Sessions = append(res.Sessions, sj)
 	}
 	c.reply(id, res, err)
