@@ -24,9 +24,9 @@ type Client struct {
 	pending   map[string]pendingCall
 	campaigns map[string]*Campaign // by id: their events go to them, not to Events
 	err       error                // why the connection ended
-	closing chan struct{} // closed by Close: stop delivering events
-	once    sync.Once
-	done    chan struct{}
+	closing   chan struct{}        // closed by Close: stop delivering events
+	once      sync.Once
+	done      chan struct{}
 }
 
 // pendingCall is a request awaiting its response. hook, if set, sees a
@@ -41,12 +41,12 @@ type pendingCall struct {
 type Event struct {
 	Event    string `json:"event"`
 	Campaign string `json:"campaign"`
-	Lease   string `json:"lease"`
-	Name    string `json:"name"`
-	Token   uint64 `json:"token"`
-	Reason  string `json:"reason"`
-	State   string `json:"state"`
-	Message string `json:"message"`
+	Lease    string `json:"lease"`
+	Name     string `json:"name"`
+	Token    uint64 `json:"token"`
+	Reason   string `json:"reason"`
+	State    string `json:"state"`
+	Message  string `json:"message"`
 }
 
 // Error is a response with ok false.
