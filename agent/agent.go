@@ -222,6 +222,21 @@ func (a *Agent) releaseLater(ls []*lease) {
 	}()
 }
 
+// leaveLater takes a waiter's ticket out of the backend's queue in the
+// background, on a goroutine Run waits for. If it fails, the ticket
+// expires on its own. Callers hold a.mu.
+func (a *Agent) leaveLater(name, ticket string) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		if err := a.b.Leave(ctx, name, ticket); err != nil {
+			a.log.Debug("leaving the queue failed; the ticket will expire", "name", name, "error", err)
+		}
+	}()
+}
+
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // newID returns prefix followed by 128 random bits.

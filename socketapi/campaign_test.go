@@ -150,6 +150,7 @@ func TestCampaignClient(t *testing.T) {
 	cb, err := b.Campaign(ctx, "cl/1", socketapi.CampaignOptions{})
 	require.NoError(t, err)
 	assert.NotEqual(t, ca.ID(), cb.ID())
+	waitQueued(t, a, "cl/1", 1)
 
 	// A plain release ends the term; the campaign wins the next one.
 	require.NoError(t, a.Call(ctx, "release", map[string]any{"lease": ta1.Lease}, nil))
@@ -157,6 +158,7 @@ func TestCampaignClient(t *testing.T) {
 	assert.Greater(t, tb1.Token, ta1.Token)
 
 	// A break ends b's term with a lost event; a is elected next.
+	waitQueued(t, a, "cl/1", 1)
 	require.NoError(t, a.Call(ctx, "break", map[string]any{"name": "cl/1"}, nil))
 	<-tb1.Done()
 	assert.Equal(t, "broken", tb1.Reason())
@@ -164,6 +166,7 @@ func TestCampaignClient(t *testing.T) {
 	assert.Greater(t, ta2.Token, tb1.Token)
 	assert.Equal(t, "released", ta1.Reason(), "a's first term ended with its release")
 
+	waitQueued(t, a, "cl/1", 1)
 	require.NoError(t, ca.Resign(ctx))
 	assert.Equal(t, "resigned", ta2.Reason())
 	_, open := <-ca.Elected()
@@ -195,4 +198,16 @@ func nextTerm(t *testing.T, cp *socketapi.Campaign) *socketapi.Term {
 		t.Fatal("not elected within 5s")
 	}
 	return nil
+}
+
+// waitQueued waits until n waiters queue for name.
+func waitQueued(t *testing.T, c *socketapi.Client, name string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var r struct {
+			Queued int `json:"queued"`
+		}
+		require.NoError(t, c.Call(context.Background(), "inspect", map[string]any{"name": name}, &r))
+		return r.Queued == n
+	}, 5*time.Second, time.Millisecond, "%d waiters queued for %s", n, name)
 }

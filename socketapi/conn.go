@@ -556,7 +556,7 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 		return true
 	}
 	info, err := c.sess.Inspect(ctx, *req.Name)
-	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken}
+	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken, Queued: info.Queued}
 	if len(info.Holders) > 0 {
 		res.Locked = true
 		m := info.Holders[0].Mode.String()

@@ -173,6 +173,7 @@ type inspectResult struct {
 	Mode      *string      `json:"mode"`
 	Holders   []holderJSON `json:"holders"`
 	LastToken uint64       `json:"last_token"`
+	Queued    int          `json:"queued"`
 }
 
 type listResult struct {

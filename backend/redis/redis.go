@@ -127,7 +127,7 @@ func infoField(info, key string) string {
 // keys of a name. The name is the hash tag unless it holds a brace, which
 // would end the tag early; then a digest of it is.
 type keys struct {
-	x, r, t, f, c string
+	x, r, t, f, q, qe, c string
 }
 
 func (b *Backend) keys(name string) keys {
@@ -137,7 +137,7 @@ func (b *Backend) keys(name string) keys {
 		tag = "#" + hex.EncodeToString(sum[:16])
 	}
 	base := b.prefix + ":lk:{" + tag + "}"
-	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", c: base + ":c"}
+	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", q: base + ":q", qe: base + ":qe", c: base + ":c"}
 }
 
 func modeArg(m backend.Mode) string {
@@ -162,8 +162,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		defer cancel()
 	}
 	k := b.keys(req.Name)
-	res, err := acquireScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.f},
-		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds()).Slice()
+	res, err := acquireScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
 	if err != nil {
 		return backend.Grant{}, b.fail("acquire", req.Name, err)
 	}
@@ -273,7 +273,7 @@ func (b *Backend) renewResult(r backend.RenewRequest, c *goredis.Cmd) error {
 // Release ends a lease and wakes the waiters of its name.
 func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	k := b.keys(l.Name)
-	v, err := releaseScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.c}, l.LeaseID, modeArg(l.Mode)).Int64()
+	v, err := releaseScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
 		return b.fail("release", l.Name, err)
 	}
@@ -283,21 +283,32 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	return nil
 }
 
+// Leave takes a ticket out of the name's queue; see backend.Backend.
+func (b *Backend) Leave(ctx context.Context, name, ticket string) error {
+	k := b.keys(name)
+	if err := leaveScript.Run(ctx, b.c, []string{k.q, k.qe, k.c}, ticket).Err(); err != nil {
+		return b.fail("leave", name, err)
+	}
+	return nil
+}
+
 // Inspect reports the live holders of a name and its last token.
 func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
 	k := b.keys(name)
-	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f}).Slice()
+	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f, k.qe}).Slice()
 	if err != nil {
 		return backend.LockInfo{}, b.fail("inspect", name, err)
 	}
 	info := backend.LockInfo{Holders: []backend.Holder{}}
 	last, _ := res[0].(int64)
 	info.LastToken = uint64(last)
+	queued, _ := res[1].(int64)
+	info.Queued = int(queued)
 	mode := backend.Exclusive
-	if m, _ := res[1].(string); m == "s" {
+	if m, _ := res[2].(string); m == "s" {
 		mode = backend.Shared
 	}
-	for i := 2; i+4 < len(res); i += 5 {
+	for i := 3; i+4 < len(res); i += 5 {
 		h := backend.Holder{Mode: mode}
 		h.LeaseID, _ = res[i].(string)
 		tok, _ := res[i+1].(int64)
@@ -312,8 +323,8 @@ func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 }
 
 // Watch subscribes to the name's release channel; see backend.Backend.
-func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	return b.w.watch(ctx, b.keys(name).c)
+func (b *Backend) Watch(ctx context.Context, name, ticket string) (<-chan struct{}, func(), error) {
+	return b.w.watch(ctx, b.keys(name).c, ticket)
 }
 
 // Close closes the subscription and the client.
