@@ -229,7 +229,7 @@ func durations(ds []time.Duration) string {
 
 // electScript is the command of the run -elect tests: it prints when it
 // starts, with its token, and when SIGTERM stops it.
-const electScript = `echo "start $LOCKAGENT_TOKEN"; trap 'echo stop; exit 0' TERM; while :; do sleep 0.02; done`
+const electScript = `trap 'echo stop; exit 0' TERM; echo "start $LOCKAGENT_TOKEN"; while :; do sleep 0.02; done`
 
 // TestRunElect: `run -elect` on three agents runs the command on exactly
 // one host at a time. A killed agent's run stops its command and exits;
