@@ -86,8 +86,8 @@ type Backend struct {
 	epoch    uint64 // written to the epoch file before any token of it
 	seq      uint64 // the last sequence number granted in epoch
 	names    map[string]*entry
-	sweepAt  int // adding a name to a table of this size sweeps it first
-	minSweep int // the floor of sweepAt: minSweep, lowered by tests
+	sweepAt  int                                 // adding a name to a table of this size sweeps it first
+	minSweep int                                 // the floor of sweepAt: minSweep, lowered by tests
 	watchers map[string]map[chan struct{}]string // name -> channel -> its ticket
 }
 

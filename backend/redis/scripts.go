@@ -89,7 +89,7 @@ end
 `
 
 // acquireScript: KEYS X R T F Q QE C; ARGV leaseID, mode (x|s), ttl ms,
-// limit (0: none), host, meta, fence ttl ms, ticket ('' for a try).
+// limit (0: none), host, meta, fence ttl ms, ticket (empty for a try).
 // Returns {1, token} granted, {0, retry ms} held (a ticket is then in the
 // queue), {-1, 0} the lease id holds the name in the other mode, {-2, key}
 // a key lockagent did not write.
