@@ -1,6 +1,7 @@
 // Package agent is the heart of lockagent: sessions, leases and their scopes,
-// the local first-come-first-served wait queues, the renewal scheduler and
-// lost-lease detection, and the events each session is told.
+// waiting acquires (queued first come, first served in the backend), leader
+// campaigns, the renewal scheduler and lost-lease detection, and the events
+// each session is told.
 //
 // It talks to a backend.Backend and to the connections attached to its
 // sessions through the small Conn interface. It knows nothing of JSON,

@@ -13,6 +13,12 @@
 // goroutine and no timer (it uses only time.Now, a mutex and channels), so it
 // runs unchanged inside a testing/synctest bubble.
 //
+// # Waiters
+//
+// Each name has a queue of tickets (see backend.AcquireRequest.Ticket),
+// pruned like holders when they expire; a watch with a ticket is woken only
+// when that ticket may ask.
+//
 // # Fencing tokens
 //
 // A token is epoch<<32 | seq. The epoch lives in the file "epoch" of the state

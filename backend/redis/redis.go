@@ -7,9 +7,10 @@
 // Fencing tokens are max(last + 1, server time in µs), so they keep
 // increasing even when Redis loses its data (a restart without
 // persistence, a failover before replication) as long as the servers'
-// clocks do not run backwards. Releases publish on a channel that waiters
-// on every agent subscribe to. The package knows nothing of sessions or
-// sockets.
+// clocks do not run backwards. Waiters queue in Redis, first come, first
+// served across agents, and a release publishes, on a channel that the
+// agents with waiters subscribe to, the tickets of the waiters that may go.
+// The package knows nothing of sessions or sockets.
 package redis
 
 import (
