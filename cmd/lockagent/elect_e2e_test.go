@@ -181,8 +181,8 @@ func TestElection(t *testing.T) {
 			case "stop":
 				// Keep it stopped for twice the lease in all.
 				time.Sleep(time.Until(e.start.Add(time.Duration(at) + 2*ttl)))
+				resumed := e.now() // before its lost event can come
 				a.proc.signal(t, syscall.SIGCONT)
-				resumed := e.now()
 				stops = append(stops, stopRec{cur.agent, at, resumed})
 				eventually(t, 5*time.Second, "the stopped leader's term ends", func() bool {
 					for _, tm := range e.snapshot() {
