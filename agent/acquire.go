@@ -154,15 +154,22 @@ func (w *waiter) signal() {
 // Acquire takes a name for the session: at once, within req.Wait, or never,
 // behind the waiters already queued for it on this agent. Cancelling ctx
 // abandons the request (its error is ctx's).
-func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
-	if err := s.a.validateAcquire(&req); err != nil {
+func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireResult, err error) {
+	a := s.a
+	start := time.Now()
+	defer func() { a.observeAcquire(req.Mode, start, res, err) }()
+	if err := a.validateAcquire(&req); err != nil {
+		return AcquireResult{}, err
+	}
+	if err := a.allow(s.peer, req.Name, req.Mode); err != nil {
 		return AcquireResult{}, err
 	}
 	return s.acquire(ctx, req, nil)
 }
 
-// acquire runs a validated acquire, for the session itself or for one of
-// its campaigns (camp), whose place the session's limit already counts.
+// acquire runs a validated and allowed acquire, for the session itself or
+// for one of its campaigns (camp), whose place the session's limit already
+// counts.
 func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign) (AcquireResult, error) {
 	a := s.a
 	w := &waiter{s: s, req: req, camp: camp, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
@@ -191,6 +198,9 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
 		a.mu.Unlock()
 		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.peer.UID] >= a.cfg.MaxLeasesPerUID:
+		a.mu.Unlock()
+		return AcquireResult{}, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
 	q := a.queues[req.Name]
 	if !w.queued && q != nil {
@@ -214,6 +224,7 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 		s.pending = make(map[string]*waiter)
 	}
 	s.pending[req.Name] = w
+	a.perUID[s.peer.UID]++
 	// Run waits for acquires in flight (closing is false here, under
 	// a.mu), so that a grant that lands during shutdown is released before
 	// the backend closes.
@@ -390,6 +401,7 @@ func (a *Agent) leave(w *waiter) {
 	defer a.mu.Unlock()
 	if w.s.pending[w.req.Name] == w {
 		delete(w.s.pending, w.req.Name)
+		a.uncount(w.s.peer.UID)
 	}
 	if !w.queued {
 		return

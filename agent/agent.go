@@ -13,7 +13,6 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +37,17 @@ type Config struct {
 	MaxLeasesPerSession int // held and pending, default 1000
 	MaxWaiters          int // waiting acquires across the agent, default 10000
 
-	// AdminUIDs may list every session and break locks. Default: uid 0.
-	AdminUIDs []uint32
+	// Access is who may lock what and who is an admin; SetAccess changes
+	// it later. Default: no rules, uid 0 the only admin.
+	Access Access
+
+	// MaxLeasesPerUID caps the leases (held and pending) of all the
+	// sessions of one uid; 0: no cap beyond the global ones.
+	MaxLeasesPerUID int
+
+	// Observer, if set, is told of acquisitions, renewals, lost leases and
+	// backend errors, for metrics.
+	Observer Observer
 
 	// NotifyBudget is the time the agent allows itself to deliver a lost
 	// event; it is part of the safety margin. Default 50ms.
@@ -71,9 +79,6 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxSessions, 10000)
 	defInt(&c.MaxLeasesPerSession, 1000)
 	defInt(&c.MaxWaiters, 10000)
-	if c.AdminUIDs == nil {
-		c.AdminUIDs = []uint32{0}
-	}
 	if c.BootClock == nil {
 		c.BootClock = bootTime
 	}
@@ -112,7 +117,11 @@ type Agent struct {
 	// without the lock.
 	wakeBy   atomic.Int64
 	started  time.Time
-	lastSeen stamp // the scheduler's last look at the clocks
+	lastSeen stamp          // the scheduler's last look at the clocks
+	perUID   map[uint32]int // leases held and pending, by the uid of their session
+
+	access atomic.Pointer[Access] // read without mu
+	audit  hclog.Logger
 
 	kick chan struct{} // wakes the scheduler when the heap's head changes
 	wg   sync.WaitGroup
@@ -122,17 +131,21 @@ type Agent struct {
 // New returns an agent for cfg. It starts nothing: call Run.
 func New(cfg Config) *Agent {
 	cfg.setDefaults()
-	return &Agent{
+	a := &Agent{
 		cfg:      cfg,
 		b:        cfg.Backend,
 		log:      cfg.Logger,
+		audit:    cfg.Logger.Named("audit"),
 		sessions: make(map[string]*Session),
 		leases:   make(map[string]*lease),
 		queues:   make(map[string]*queue),
+		perUID:   make(map[uint32]int),
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		started:  time.Now(),
 	}
+	a.SetAccess(cfg.Access)
+	return a
 }
 
 // Info is what hello reports about the agent.
@@ -185,11 +198,6 @@ func (a *Agent) shutdown() {
 // shutdown.
 const releaseTimeout = 5 * time.Second
 
-// isAdmin tells whether the peer has admin rights.
-func (a *Agent) isAdmin(p Peer) bool {
-	return slices.Contains(a.cfg.AdminUIDs, p.UID)
-}
-
 // margin is how much earlier than the backend the agent gives a lease up:
 // clock-rate drift (1%), the backend's expiry precision, and the time to
 // deliver the lost event.
@@ -202,6 +210,9 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
 	if err != nil && !errors.Is(err, backend.ErrNotHeld) {
+		if o := a.cfg.Observer; o != nil {
+			o.BackendError("release")
+		}
 		a.log.Warn("release failed; the lease will expire in the backend", "name", l.name, "lease", l.id, "error", err)
 	}
 }

@@ -61,11 +61,15 @@ const campaignBackoff = time.Second
 // It returns the campaign's id at once; `elected` events follow each time
 // the campaign wins a term. A session campaigns at most once per name, and
 // not for a name it holds or is acquiring; a campaign counts against the
-// session's lease limit.
+// session's lease limit, and needs the access rules to allow the name in
+// exclusive mode.
 func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	a := s.a
 	ar := AcquireRequest{Name: req.Name, Mode: backend.Exclusive, Scope: req.Scope, TTL: req.TTL, Wait: WaitForever, Meta: req.Meta}
 	if err := a.validateAcquire(&ar); err != nil {
+		return "", err
+	}
+	if err := a.allow(s.peer, req.Name, backend.Exclusive); err != nil {
 		return "", err
 	}
 	a.mu.Lock()

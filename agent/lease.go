@@ -95,6 +95,7 @@ func (a *Agent) addLease(l *lease) {
 		l.session.leases = make(map[string]*lease)
 	}
 	l.session.leases[l.name] = l
+	a.perUID[l.session.peer.UID]++
 	heap.Push(&a.sched, l)
 	if l.due().Before(a.nextWake) {
 		a.kickScheduler()
@@ -108,6 +109,7 @@ func (a *Agent) dropLease(l *lease) {
 		return
 	}
 	delete(a.leases, l.id)
+	a.uncount(l.session.peer.UID)
 	if l.session.leases[l.name] == l {
 		delete(l.session.leases, l.name)
 	}
@@ -140,6 +142,9 @@ func (a *Agent) dropLost(l *lease, reason string) bool {
 	}
 	a.dropLease(l)
 	a.log.Info("lease lost", "name", l.name, "lease", l.id, "token", l.token, "reason", reason, "session", l.session.id)
+	if o := a.cfg.Observer; o != nil {
+		o.Lost(reason)
+	}
 	ev := Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason}
 	if l.camp != nil {
 		ev.Campaign = l.camp.id
@@ -279,6 +284,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
+	a.observeRenew(errs, time.Since(sent))
 	if ctx.Err() != nil {
 		return // shutting down: every lease is being released
 	}

@@ -14,9 +14,10 @@ import (
 
 // Peer is the process at the other end of a connection, from SO_PEERCRED.
 type Peer struct {
-	PID int32
-	UID uint32
-	GID uint32
+	PID    int32
+	UID    uint32
+	GID    uint32   // the primary group of the process
+	Groups []uint32 // the groups of its uid, as the system's group database says
 }
 
 // Conn is the connection attached to a session. The agent calls it with its
@@ -356,6 +357,9 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 	if err := ValidateName(name); err != nil {
 		return backend.LockInfo{}, err
 	}
+	if err := s.a.allowAnyMode(s.peer, name); err != nil {
+		return backend.LockInfo{}, err
+	}
 	info, err := s.a.b.Inspect(ctx, name)
 	if err != nil {
 		return backend.LockInfo{}, fmt.Errorf("inspect %s: %w", name, err)
@@ -366,7 +370,7 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 // Break ends every lease on a name, here and in the backend; admins only.
 // Local holders get lost with reason broken. It returns how many leases
 // were ended.
-func (s *Session) Break(ctx context.Context, name string) (int, error) {
+func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 	a := s.a
 	if !a.isAdmin(s.peer) {
 		return 0, fmt.Errorf("%w: break is for admins", ErrPermissionDenied)
@@ -374,11 +378,11 @@ func (s *Session) Break(ctx context.Context, name string) (int, error) {
 	if err := ValidateName(name); err != nil {
 		return 0, err
 	}
+	defer func() { a.auditLog("break", s, "name", name, "broken", n, "error", err) }()
 	info, err := a.b.Inspect(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("break %s: %w", name, err)
 	}
-	n := 0
 	for _, h := range info.Holders {
 		a.mu.Lock()
 		if l := a.leases[h.LeaseID]; l != nil {
@@ -430,6 +434,9 @@ func (s *Session) List(all bool) ([]SessionInfo, error) {
 	a := s.a
 	if all && !a.isAdmin(s.peer) {
 		return nil, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
+	}
+	if all {
+		a.auditLog("list -all", s)
 	}
 	now := time.Now()
 	a.mu.Lock()

@@ -55,9 +55,12 @@ type Redis struct {
 	Cluster      bool
 	Username     string
 	PasswordFile string // the password is never written in the config itself
-	DB           int
-	KeyPrefix    string
-	TLS          *TLS // nil: plain TCP
+	// PasswordCredential names a systemd credential (LoadCredential=)
+	// holding the password, read from $CREDENTIALS_DIRECTORY.
+	PasswordCredential string
+	DB                 int
+	KeyPrefix          string
+	TLS                *TLS // nil: plain TCP
 }
 
 // TLS configures TLS to Redis. Empty CAFile means the system roots;
@@ -74,6 +77,8 @@ type Leases struct {
 // Limits caps the resources that clients can hold in the agent.
 type Limits struct {
 	MaxSessions, MaxLeasesPerSession, MaxWaiters, MaxLineBytes int
+	// Caps per uid, on top of the global ones; 0: none.
+	MaxConnectionsPerUID, MaxLeasesPerUID int
 }
 
 // ACL restricts which peers may lock which names, and who is an admin.
@@ -148,6 +153,10 @@ func Default() Config {
 			MaxWaiters: 10000,
 			// The longest request line, as the protocol's default.
 			MaxLineBytes: 64 << 10,
+			// No cap per uid beyond the global ones: set them where
+			// several users share the agent, so that none can take it all.
+			MaxConnectionsPerUID: 0,
+			MaxLeasesPerUID:      0,
 		},
 		// No acl block: whoever can open the socket may lock any name.
 		ACL: nil,

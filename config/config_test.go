@@ -56,7 +56,8 @@ func TestLoadGood(t *testing.T) {
 				},
 			}},
 			Leases: Leases{DefaultTTL: 30 * time.Second, MinTTL: 500 * time.Millisecond, MaxTTL: 90 * time.Minute},
-			Limits: Limits{MaxSessions: 500, MaxLeasesPerSession: 50, MaxWaiters: 2000, MaxLineBytes: 1 << 20},
+			Limits: Limits{MaxSessions: 500, MaxLeasesPerSession: 50, MaxWaiters: 2000, MaxLineBytes: 1 << 20,
+				MaxConnectionsPerUID: 100, MaxLeasesPerUID: 20},
 			ACL: &ACL{
 				AdminUIDs:   []uint32{},
 				AdminGroups: []string{"0"},
@@ -101,7 +102,9 @@ func TestLoadBad(t *testing.T) {
 		"redis-address.hcl":      `:2,36: backend "redis".addresses[1]: "10.0.0.2" is not host:port`,
 		"redis-cluster-db.hcl":   `:4,15: backend "redis".db: must be 0 with Redis Cluster`,
 		"redis-no-addresses.hcl": `:1,1: backend "redis".addresses: must list at least one host:port`,
-		"redis-password.hcl":     `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file`,
+		"redis-password.hcl":     `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
+		"redis-credential.hcl":   `:4,25: backend "redis".password_credential: password_file and password_credential exclude each other`,
+		"per-uid-limit.hcl":      `:2,29: limits.max_connections_per_uid: -1 is below 0 (0: no cap per uid)`,
 		"redis-several.hcl":      `:2,15: backend "redis".addresses: several addresses need master_name (Sentinel) or cluster = true`,
 		"redis-tls.hcl":          `:4,3: backend "redis".tls: cert_file and key_file go together`,
 		"rule-empty-modes.hcl":   `:3,13: acl.rule "orders/*".modes: must not be empty; leave it out to allow every mode`,
@@ -299,10 +302,12 @@ leases {
 }
 
 limits {
-  max_sessions           = 10000
-  max_leases_per_session = 1000
-  max_waiters            = 10000
-  max_line_bytes         = 65536
+  max_sessions            = 10000
+  max_leases_per_session  = 1000
+  max_waiters             = 10000
+  max_line_bytes          = 65536
+  max_connections_per_uid = 0
+  max_leases_per_uid      = 0
 }
 
 acl {

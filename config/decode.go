@@ -177,11 +177,14 @@ func (d *decoder) root(body hcl.Body, c *Config) {
 		d.duration("leases.max_ttl", a["max_ttl"], &c.Leases.MaxTTL)
 	}
 	if b := blocks["limits"]; b != nil {
-		a := d.block("limits", b, []string{"max_sessions", "max_leases_per_session", "max_waiters", "max_line_bytes"}).Attributes
+		a := d.block("limits", b, []string{"max_sessions", "max_leases_per_session", "max_waiters", "max_line_bytes",
+			"max_connections_per_uid", "max_leases_per_uid"}).Attributes
 		d.integer("limits.max_sessions", a["max_sessions"], &c.Limits.MaxSessions)
 		d.integer("limits.max_leases_per_session", a["max_leases_per_session"], &c.Limits.MaxLeasesPerSession)
 		d.integer("limits.max_waiters", a["max_waiters"], &c.Limits.MaxWaiters)
 		d.integer("limits.max_line_bytes", a["max_line_bytes"], &c.Limits.MaxLineBytes)
+		d.integer("limits.max_connections_per_uid", a["max_connections_per_uid"], &c.Limits.MaxConnectionsPerUID)
+		d.integer("limits.max_leases_per_uid", a["max_leases_per_uid"], &c.Limits.MaxLeasesPerUID)
 	}
 	if b := blocks["acl"]; b != nil {
 		c.ACL = d.acl(b)
@@ -201,12 +204,12 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.block(field, b, nil)
 		*be = Backend{Kind: "memory"}
 	case "redis":
-		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "db", "key_prefix"},
+		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "password_credential", "db", "key_prefix"},
 			hcl.BlockHeaderSchema{Type: "tls"})
 		a := content.Attributes
 		if attr := a["password"]; attr != nil {
 			// Listed in the schema only to explain why it is refused.
-			d.failf(field+".password", attr.NameRange, "a password is never written in the config; put it in a file and set password_file")
+			d.failf(field+".password", attr.NameRange, "a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential")
 		}
 		r := &Redis{KeyPrefix: "lockagent"}
 		d.strs(field+".addresses", a["addresses"], &r.Addresses)
@@ -214,6 +217,7 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.boolean(field+".cluster", a["cluster"], &r.Cluster)
 		d.str(field+".username", a["username"], &r.Username)
 		d.str(field+".password_file", a["password_file"], &r.PasswordFile)
+		d.str(field+".password_credential", a["password_credential"], &r.PasswordCredential)
 		d.integer(field+".db", a["db"], &r.DB)
 		d.str(field+".key_prefix", a["key_prefix"], &r.KeyPrefix)
 		if tb := d.unique(field+".", content.Blocks)["tls"]; tb != nil {

@@ -26,6 +26,7 @@ func (c Config) Render() string {
 			"cluster", strconv.FormatBool(r.Cluster),
 			"username", quote(r.Username),
 			"password_file", quote(r.PasswordFile),
+			"password_credential", quote(r.PasswordCredential),
 			"db", strconv.Itoa(r.DB),
 			"key_prefix", quote(r.KeyPrefix))
 		if t := r.TLS; t != nil {
@@ -50,7 +51,9 @@ func (c Config) Render() string {
 		"max_sessions", strconv.Itoa(c.Limits.MaxSessions),
 		"max_leases_per_session", strconv.Itoa(c.Limits.MaxLeasesPerSession),
 		"max_waiters", strconv.Itoa(c.Limits.MaxWaiters),
-		"max_line_bytes", strconv.Itoa(c.Limits.MaxLineBytes))
+		"max_line_bytes", strconv.Itoa(c.Limits.MaxLineBytes),
+		"max_connections_per_uid", strconv.Itoa(c.Limits.MaxConnectionsPerUID),
+		"max_leases_per_uid", strconv.Itoa(c.Limits.MaxLeasesPerUID))
 	b.WriteString("}\n\n")
 
 	if a := c.ACL; a != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -108,6 +109,14 @@ func (c *Config) problems() []*fieldError {
 			bad(f.field, "%d is below 1", f.n)
 		}
 	}
+	for _, f := range []struct {
+		field string
+		n     int
+	}{{"limits.max_connections_per_uid", c.Limits.MaxConnectionsPerUID}, {"limits.max_leases_per_uid", c.Limits.MaxLeasesPerUID}} {
+		if f.n < 0 {
+			bad(f.field, "%d is below 0 (0: no cap per uid)", f.n)
+		}
+	}
 	if n := c.Limits.MaxLineBytes; n < lineBytesFloor || n > lineBytesCeiling {
 		bad("limits.max_line_bytes", "%d is not between %d and %d", n, lineBytesFloor, lineBytesCeiling)
 	}
@@ -186,6 +195,12 @@ func (r *Redis) problems() []*fieldError {
 	case r.Cluster && r.DB != 0:
 		bad("db", "must be 0 with Redis Cluster")
 	}
+	if r.PasswordFile != "" && r.PasswordCredential != "" {
+		bad("password_credential", "password_file and password_credential exclude each other")
+	}
+	if c := r.PasswordCredential; c != "" && (strings.ContainsRune(c, '/') || c == "." || c == "..") {
+		bad("password_credential", "%q is not a credential name", c)
+	}
 	if r.KeyPrefix == "" {
 		bad("key_prefix", "must not be empty")
 	}
@@ -220,3 +235,19 @@ func checkHostPort(addr string) error {
 }
 
 func rulePath(pattern string) string { return fmt.Sprintf("acl.rule %q", pattern) }
+
+// GroupID returns the gid of a group given by number or by name.
+func GroupID(g string) (uint32, error) {
+	if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %w", g, err)
+	}
+	n, err := strconv.ParseUint(grp.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("group %q has gid %q: %w", g, grp.Gid, err)
+	}
+	return uint32(n), nil
+}

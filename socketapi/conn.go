@@ -62,17 +62,40 @@ type pendingReq struct {
 // goroutine it started has finished.
 // ctx is the connection's own (see cancel).
 func (c *conn) serve(ctx context.Context) {
+	groups, err := c.srv.groups.groups(c.peer.UID)
+	if err != nil {
+		// The peer keeps its primary group only: rules can match less,
+		// never more.
+		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+	}
+	c.peer.Groups = groups
+
 	lr := newLineReader(c.nc, c.srv.MaxLineBytes)
+	// A line begun must end within LineTimeout (and before the heartbeat
+	// runs out): a peer that trickles bytes cannot hold its connection.
+	var hbDeadline, lineDeadline time.Time
+	lr.begun = func() {
+		lineDeadline = time.Now().Add(c.srv.LineTimeout)
+		c.nc.SetReadDeadline(soonest(hbDeadline, lineDeadline))
+	}
 	for {
+		hbDeadline = time.Time{}
 		if c.heartbeat > 0 {
-			c.nc.SetReadDeadline(time.Now().Add(c.heartbeat))
+			hbDeadline = time.Now().Add(c.heartbeat)
 		}
+		lineDeadline = time.Time{}
+		c.nc.SetReadDeadline(hbDeadline)
 		line, err := lr.readLine()
 		if err != nil {
 			if errors.Is(err, errLineTooLong) {
+				c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
 				c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
 			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
+				if !lineDeadline.IsZero() && (hbDeadline.IsZero() || lineDeadline.Before(hbDeadline)) {
+					c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
+				} else {
+					c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
+				}
 			}
 			break
 		}
@@ -170,7 +193,7 @@ func (c *conn) enqueue(line []byte, inline bool) {
 	// The bound is on what waits unwritten, so that one large answer (a
 	// list of many sessions) still goes out to a reader that keeps up.
 	if c.outBytes > c.srv.MaxQueueBytes {
-		c.log.Warn("slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
+		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
 		c.closed = true
 		c.nc.Close()
 		c.mu.Unlock()
@@ -250,8 +273,11 @@ func (c *conn) reply(id json.RawMessage, result any, err error) {
 func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 	code, known := errorCode(err)
 	if !known {
-		c.log.Error("internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+		c.srv.peerLog.Log(hclog.Error, c.peer.UID, "internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 		return encodeError(id, CodeInternal, "internal error", nil)
+	}
+	if code == CodePermissionDenied || code == CodeLimitExceeded {
+		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "request refused", "pid", c.peer.PID, "uid", c.peer.UID, "code", code, "error", err)
 	}
 	var ah *agent.AlreadyHeldError
 	if errors.As(err, &ah) {
@@ -330,6 +356,7 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 	"break":   (*conn).breakOp,
 	"cancel":  (*conn).cancel,
 	"ping":    (*conn).ping,
+	"status":  (*conn).status,
 	"bye":     (*conn).bye,
 
 	"campaign": (*conn).campaign,
@@ -628,4 +655,12 @@ func (c *conn) bye(ctx context.Context, id json.RawMessage, _ *request) bool {
 	c.sess.Bye(ctx)
 	c.reply(id, struct{}{}, nil)
 	return false
+}
+
+// soonest is the earlier of two deadlines, where the zero time is none.
+func soonest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }

@@ -20,7 +20,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	if mode := os.Getenv(peerEnv); mode != "" {
+		os.Exit(peerMain(mode, os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removePeerBinary() }))
 }
 
 // testAgent is an agent and its server on a real Unix socket.
@@ -34,6 +37,10 @@ type testAgent struct {
 type options struct {
 	agent  agent.Config
 	server socketapi.Server
+	// socketMode is the socket's mode (default 0600); a wider one opens
+	// the socket's directory to everybody too.
+	socketMode  os.FileMode
+	socketGroup string
 }
 
 // startAgent runs an agent on the memory backend at a short socket path
@@ -46,11 +53,11 @@ func startAgent(t testing.TB, opts ...func(*options)) *testAgent {
 	b, err := memory.Open(filepath.Join(dir, "state"))
 	require.NoError(t, err)
 
-	o := options{}
+	o := options{socketMode: 0o600}
 	o.agent.Backend = b
 	o.agent.Version = "test"
 	o.agent.Host = "testhost"
-	o.agent.AdminUIDs = []uint32{uint32(os.Getuid())}
+	o.agent.Access.AdminUIDs = []uint32{uint32(os.Getuid())}
 	if testing.Verbose() {
 		o.agent.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 	}
@@ -59,7 +66,10 @@ func startAgent(t testing.TB, opts ...func(*options)) *testAgent {
 	}
 	a := agent.New(o.agent)
 	path := filepath.Join(dir, "s")
-	ln, err := socketapi.Listen(path, 0o600, "")
+	if o.socketMode&0o077 != 0 {
+		require.NoError(t, os.Chmod(dir, 0o755))
+	}
+	ln, err := socketapi.Listen(path, o.socketMode, o.socketGroup)
 	require.NoError(t, err)
 	srv := o.server
 	srv.Agent = a

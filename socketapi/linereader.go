@@ -23,6 +23,10 @@ type lineReader struct {
 	buf        []byte
 	start, end int // buf[start:end] is read but not yet returned
 	max        int
+	// begun, if set, is called when a line has begun but not ended and
+	// the reader is about to wait for more: once per line.
+	begun     func()
+	waitedFor bool // begun was called for the pending line
 }
 
 func newLineReader(r io.Reader, max int) *lineReader {
@@ -37,6 +41,7 @@ func (lr *lineReader) readLine() ([]byte, error) {
 		if i := bytes.IndexByte(lr.buf[lr.start:lr.end], '\n'); i >= 0 {
 			line := lr.buf[lr.start : lr.start+i]
 			lr.start += i + 1
+			lr.waitedFor = false
 			if len(line) > lr.max {
 				return nil, errLineTooLong
 			}
@@ -44,6 +49,10 @@ func (lr *lineReader) readLine() ([]byte, error) {
 		}
 		if lr.end-lr.start > lr.max {
 			return nil, errLineTooLong
+		}
+		if lr.end > lr.start && !lr.waitedFor && lr.begun != nil {
+			lr.waitedFor = true
+			lr.begun()
 		}
 		lr.makeRoom()
 		n, err := lr.r.Read(lr.buf[lr.end:])

@@ -316,7 +316,7 @@ func TestList(t *testing.T) {
 }
 
 func TestAdminOnly(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.agent.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
+	ta := startAgent(t, func(o *options) { o.agent.Access.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
 	r := ta.raw(t)
 	r.fail(`{"id":1,"op":"list","all":true}`, "permission_denied")
 	r.fail(`{"id":2,"op":"break","name":"x"}`, "permission_denied")

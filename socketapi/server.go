@@ -10,6 +10,7 @@ package socketapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -25,10 +26,22 @@ type Server struct {
 	Agent  *agent.Agent // required
 	Logger hclog.Logger // default: a null logger
 
-	MaxLineBytes  int           // default 65536
-	MaxConns      int           // open connections; beyond it a connection is refused. Default 10000
-	MaxQueueBytes int           // unwritten output per connection before it is cut off; default 1 MiB
-	WriteTimeout  time.Duration // a write blocked longer cuts the connection off; default 10s
+	MaxLineBytes   int           // default 65536
+	MaxConns       int           // open connections; beyond it a connection is refused. Default 10000
+	MaxConnsPerUID int           // open connections of one uid; 0: no cap beyond MaxConns
+	MaxQueueBytes  int           // unwritten output per connection before it is cut off; default 1 MiB
+	WriteTimeout   time.Duration // a write blocked longer cuts the connection off; default 10s
+	// LineTimeout is how long a line may take to arrive once its first
+	// byte has: a connection that starts a line and never ends it is
+	// closed. Default 10s.
+	LineTimeout time.Duration
+
+	// GroupsOf returns the groups of a uid, for ACL rules and admin
+	// groups; the answers are kept for a few seconds. Default GroupsOfUID.
+	GroupsOf func(uid uint32) ([]uint32, error)
+
+	groups  *groupCache
+	peerLog *peerLogger
 }
 
 func (s *Server) setDefaults() {
@@ -47,7 +60,23 @@ func (s *Server) setDefaults() {
 	if s.WriteTimeout == 0 {
 		s.WriteTimeout = 10 * time.Second
 	}
+	if s.LineTimeout == 0 {
+		s.LineTimeout = 10 * time.Second
+	}
+	if s.GroupsOf == nil {
+		s.GroupsOf = GroupsOfUID
+	}
+	s.groups = &groupCache{lookup: s.GroupsOf, ttl: groupCacheTTL}
+	s.peerLog = &peerLogger{log: s.Logger, burst: peerLogBurst, interval: peerLogInterval}
 }
+
+// How long the groups of a uid are kept; how many lines a uid may log at
+// once, and then one per interval.
+const (
+	groupCacheTTL   = 10 * time.Second
+	peerLogBurst    = 10
+	peerLogInterval = 10 * time.Second
+)
 
 // Serve accepts connections on ln until ctx is done. Then it stops
 // accepting, waits for the agent to finish its shutdown (which tells every
@@ -57,9 +86,10 @@ func (s *Server) setDefaults() {
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.setDefaults()
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns = make(map[*conn]struct{})
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  = make(map[*conn]struct{})
+		perUID = make(map[uint32]int) // open connections by uid
 	)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
@@ -85,23 +115,28 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			continue
 		}
 		backoff = 0
-		mu.Lock()
-		full := len(conns) >= s.MaxConns
-		mu.Unlock()
-		if full {
-			s.refuse(nc)
-			continue
-		}
-		// Requests end with their connection, not with the server's
-		// context: at shutdown the agent answers them itself.
-		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c := &conn{srv: s, nc: nc, log: s.Logger, end: cancel}
-		c.peer, err = peerOf(nc)
+		var peer agent.Peer
+		peer, err = peerOf(nc)
 		if err != nil {
 			s.Logger.Warn("connection refused", "error", err)
 			nc.Close()
 			continue
 		}
+		mu.Lock()
+		full := len(conns) >= s.MaxConns
+		fullUID := s.MaxConnsPerUID > 0 && perUID[peer.UID] >= s.MaxConnsPerUID
+		if !full && !fullUID {
+			perUID[peer.UID]++
+		}
+		mu.Unlock()
+		if full || fullUID {
+			s.refuse(nc, peer, fullUID)
+			continue
+		}
+		// Requests end with their connection, not with the server's
+		// context: at shutdown the agent answers them itself.
+		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c := &conn{srv: s, nc: nc, log: s.Logger, end: cancel, peer: peer}
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
@@ -111,6 +146,9 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			c.serve(cctx)
 			mu.Lock()
 			delete(conns, c)
+			if perUID[peer.UID]--; perUID[peer.UID] == 0 {
+				delete(perUID, peer.UID)
+			}
 			mu.Unlock()
 		}()
 	}
@@ -127,11 +165,15 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	return err
 }
 
-// refuse answers a connection beyond the cap with an error line and closes
+// refuse answers a connection beyond a cap with an error line and closes
 // it, rather than leave it waiting in the backlog.
-func (s *Server) refuse(nc *net.UnixConn) {
-	s.Logger.Warn("connection refused: too many connections", "max", s.MaxConns)
+func (s *Server) refuse(nc *net.UnixConn, p agent.Peer, perUID bool) {
+	msg, limit := "too many connections", s.MaxConns
+	if perUID {
+		msg, limit = fmt.Sprintf("too many connections for uid %d", p.UID), s.MaxConnsPerUID
+	}
+	s.peerLog.Log(hclog.Warn, p.UID, "connection refused: "+msg, "pid", p.PID, "uid", p.UID, "max", limit)
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	nc.Write(encodeError(nil, CodeLimitExceeded, "too many connections", nil))
+	nc.Write(encodeError(nil, CodeLimitExceeded, msg, nil))
 	nc.Close()
 }

@@ -48,6 +48,7 @@ type Backend struct {
 	fenceTTL time.Duration
 	log      hclog.Logger
 	w        *watches
+	batch    batcher
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -65,7 +66,7 @@ func Open(ctx context.Context, o Options) (*Backend, error) {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger}
+	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger, batch: batcher{c: o.Client}}
 	if err := b.loadScripts(ctx); err != nil {
 		o.Client.Close()
 		return nil, fmt.Errorf("redis: %w", err)
@@ -163,7 +164,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		defer cancel()
 	}
 	k := b.keys(req.Name)
-	res, err := acquireScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+	res, err := b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
 		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
 	if err != nil {
 		return backend.Grant{}, b.fail("acquire", req.Name, err)
@@ -274,7 +275,7 @@ func (b *Backend) renewResult(r backend.RenewRequest, c *goredis.Cmd) error {
 // Release ends a lease and wakes the waiters of its name.
 func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	k := b.keys(l.Name)
-	v, err := releaseScript.Run(ctx, b.c, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
+	v, err := b.batch.run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
 		return b.fail("release", l.Name, err)
 	}

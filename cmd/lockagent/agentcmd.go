@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
@@ -54,18 +51,18 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	out, journal := logOutput(stderr)
 	log := hclog.New(&hclog.LoggerOptions{
-		Name:       "lockagent",
-		Level:      hclog.LevelFromString(cfg.LogLevel),
-		JSONFormat: cfg.LogFormat == "json",
-		Output:     stderr,
+		Name:        "lockagent",
+		Level:       hclog.LevelFromString(cfg.LogLevel),
+		JSONFormat:  cfg.LogFormat == "json",
+		Output:      out,
+		DisableTime: journal, // the journal stamps every entry
 	})
 
-	if err := checkSupported(cfg); err != nil {
+	access, err := accessOf(cfg)
+	if err != nil {
 		return err
-	}
-	if cfg.Metrics.Address != "" {
-		log.Warn("metrics are not available in this build; the endpoint is off", "address", cfg.Metrics.Address)
 	}
 	// Signals are ours from here on: a SIGTERM during start-up stops the
 	// agent cleanly instead of killing it with the socket bound.
@@ -76,14 +73,32 @@ func agentCmd(args []string, stderr io.Writer) error {
 	defer signal.Stop(hup)
 
 	// The socket first: an agent refused because another one serves the
-	// path must not touch that one's state.
-	ln, err := socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group)
+	// path must not touch that one's state. A socket handed over by
+	// systemd is used as it is.
+	ln, err := socketapi.Activated()
 	if err != nil {
+		return err
+	}
+	if ln == nil {
+		if ln, err = socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group); err != nil {
+			return err
+		}
+	} else {
+		addr := ln.Addr().String()
+		log.Info("serving the socket systemd handed over", "socket", addr)
+		if addr != cfg.Socket.Path {
+			log.Warn("the socket systemd handed over is not socket.path; clients looking there will not find the agent", "socket", addr, "socket.path", cfg.Socket.Path)
+		}
+	}
+	mt, mln, err := listenMetrics(cfg.Metrics.Address)
+	if err != nil {
+		ln.Close()
 		return err
 	}
 	b, err := openBackend(ctx, cfg, log.Named("backend"))
 	if err != nil {
 		ln.Close()
+		closeMetrics(mln)
 		return err
 	}
 	defer b.Close()
@@ -99,13 +114,16 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxSessions:         cfg.Limits.MaxSessions,
 		MaxLeasesPerSession: cfg.Limits.MaxLeasesPerSession,
 		MaxWaiters:          cfg.Limits.MaxWaiters,
-		AdminUIDs:           adminUIDs(cfg),
+		MaxLeasesPerUID:     cfg.Limits.MaxLeasesPerUID,
+		Access:              access,
+		Observer:            observer(mt),
 	})
 	srv := &socketapi.Server{
-		Agent:        a,
-		Logger:       log.Named("socket"),
-		MaxLineBytes: cfg.Limits.MaxLineBytes,
-		MaxConns:     cfg.Limits.MaxSessions,
+		Agent:          a,
+		Logger:         log.Named("socket"),
+		MaxLineBytes:   cfg.Limits.MaxLineBytes,
+		MaxConns:       cfg.Limits.MaxSessions,
+		MaxConnsPerUID: cfg.Limits.MaxConnectionsPerUID,
 	}
 
 	var wg sync.WaitGroup
@@ -118,80 +136,37 @@ func agentCmd(args []string, stderr io.Writer) error {
 			stop()
 		}
 	}()
-	log.Info("agent started", "socket", cfg.Socket.Path, "backend", b.Name(), "version", version)
-	daemon.SdNotify(false, daemon.SdNotifyReady)
-	wg.Add(1)
-	go func() { defer wg.Done(); watchdog(ctx) }()
-
-	for done := false; !done; {
-		select {
-		case <-hup:
-			reload(*file, *level, log)
-		case <-ctx.Done():
-			done = true
-		}
+	if mt != nil {
+		mt.Watch(a)
+		wg.Add(1)
+		go func() { defer wg.Done(); serveMetrics(ctx, mt, mln, log) }()
 	}
+	log.Info("agent started", "socket", ln.Addr().String(), "backend", b.Name(), "version", version)
+	n := newNotifier(b.Name(), log.Named("systemd"))
+	n.ready(a.Stats())
+	supervise(ctx, n, hup, a.Stats, func() { reload(*file, *level, log, a) })
 	log.Info("shutting down")
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	n.stopping()
 	wg.Wait()
 	log.Info("stopped")
 	return serveErr
 }
 
-// reload re-reads what can change without a restart: the log level.
-func reload(file, level string, log hclog.Logger) {
+// reload re-reads what can change without a restart: the log level and
+// the acl block.
+func reload(file, level string, log hclog.Logger, a *agent.Agent) {
 	cfg, err := loadConfig(file, "", level)
+	var access agent.Access
+	if err == nil {
+		access, err = accessOf(cfg)
+	}
 	if err != nil {
 		log.Error("reload failed; keeping the running configuration", "error", err)
 		return
 	}
 	log.SetLevel(hclog.LevelFromString(cfg.LogLevel))
-	log.Info("configuration reloaded", "log_level", cfg.LogLevel)
-}
-
-// watchdog feeds systemd's watchdog at half its interval, if it is enabled.
-func watchdog(ctx context.Context) {
-	interval, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || interval == 0 {
-		return
-	}
-	t := time.NewTicker(interval / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			daemon.SdNotify(false, daemon.SdNotifyWatchdog)
-		}
-	}
-}
-
-// checkSupported refuses what this build of the agent cannot do, rather
-// than run without it: ACL rules and admin groups, which the agent does not
-// enforce yet. An ACL silently ignored would let every peer lock every name.
-func checkSupported(cfg config.Config) error {
-	var errs []error
-	if a := cfg.ACL; a != nil {
-		if len(a.Rules) > 0 {
-			errs = append(errs, errors.New("acl: rules are not enforced by this build; refusing to run without them"))
-		}
-		if len(a.AdminGroups) > 0 {
-			errs = append(errs, errors.New("acl.admin_groups: not supported by this build; list the admins in admin_uids"))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// adminUIDs is who may list every session and break locks: when the acl
-// block sets admin_uids or admin_groups, the admin_uids it lists (none at
-// all for an empty list); else root and the agent's own uid.
-func adminUIDs(cfg config.Config) []uint32 {
-	if a := cfg.ACL; a != nil && (a.AdminUIDs != nil || a.AdminGroups != nil) {
-		// Non-nil even when empty: the agent reads nil as "root only".
-		return append([]uint32{}, a.AdminUIDs...)
-	}
-	return []uint32{0, uint32(os.Getuid())}
+	a.SetAccess(access)
+	log.Info("configuration reloaded", "log_level", cfg.LogLevel, "acl_rules", len(access.Rules))
 }
 
 func configCmd(args []string, stdout, stderr io.Writer) error {
@@ -212,8 +187,8 @@ func configCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// What the agent would refuse to run with is not a valid configuration.
-	if err := checkSupported(cfg); err != nil {
+	// Groups the agent could not resolve make the configuration invalid.
+	if _, err := accessOf(cfg); err != nil {
 		return err
 	}
 	fmt.Fprint(stdout, cfg.Render())

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -41,14 +42,17 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           3 * time.Second,
 		MaxRetries:            2,
+		// Pipelines (renewals, calls gathered while one is in flight) use
+		// the connections that single calls keep warm: a connection of a
+		// pool of their own would be dialed on first use, paying a
+		// handshake of several round trips in the middle of a renewal.
+		PipelinePoolSize: -1,
 	}
-	if rc.PasswordFile != "" {
-		pw, err := os.ReadFile(rc.PasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("redis password_file: %w", err)
-		}
-		opts.Password = strings.TrimRight(string(pw), "\r\n")
+	pw, err := redisPassword(rc, os.Getenv)
+	if err != nil {
+		return nil, err
 	}
+	opts.Password = pw
 	if rc.TLS != nil {
 		tc, err := tlsConfig(rc.TLS)
 		if err != nil {
@@ -87,4 +91,26 @@ func tlsConfig(t *config.TLS) (*tls.Config, error) {
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
+}
+
+// redisPassword reads the password from password_file or from the systemd
+// credential password_credential names; none is "". A trailing newline is
+// not part of it. Errors name the file, never its content.
+func redisPassword(rc *config.Redis, getenv func(string) string) (string, error) {
+	path, field := rc.PasswordFile, "password_file"
+	if rc.PasswordCredential != "" {
+		dir := getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			return "", fmt.Errorf("redis password_credential %q: $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)", rc.PasswordCredential)
+		}
+		path, field = filepath.Join(dir, rc.PasswordCredential), "password_credential"
+	}
+	if path == "" {
+		return "", nil
+	}
+	pw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("redis %s: %w", field, err)
+	}
+	return strings.TrimRight(string(pw), "\r\n"), nil
 }

@@ -41,14 +41,16 @@ func dial(ctx context.Context, socket, client string) (*socketapi.Client, error)
 
 func ctlCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{"ctl needs a subcommand: list, inspect or break"}
+		return usageError{"ctl needs a subcommand: list, inspect, break or status"}
 	}
 	sub, rest := args[0], args[1:]
 	fs := newFlagSet("ctl "+sub, stderr)
 	socket := fs.String("socket", "", "agent socket path")
 	var all, asJSON *bool
-	if sub == "list" {
-		all = fs.Bool("all", false, "every session of the agent (admins)")
+	if sub == "list" || sub == "status" {
+		if sub == "list" {
+			all = fs.Bool("all", false, "every session of the agent (admins)")
+		}
 		asJSON = fs.Bool("json", false, "print JSON")
 	}
 	if err := parseFlags(fs, rest); err != nil {
@@ -78,6 +80,11 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		printList(stdout, res)
 		return nil
+	case "status":
+		if fs.NArg() != 0 {
+			return usageError{"ctl status takes no arguments"}
+		}
+		return status(ctx, *socket, *asJSON, stdout)
 	case "inspect", "break":
 		if fs.NArg() != 1 {
 			return usageError{fmt.Sprintf("ctl %s takes one lock name", sub)}
@@ -194,5 +201,42 @@ func printInspect(w io.Writer, name string, raw json.RawMessage) error {
 	for _, h := range res.Holders {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, h.Host, ms(h.ExpiresInMs), h.Meta)
 	}
+	return tw.Flush()
+}
+
+// statusResult is the answer of the status op.
+type statusResult struct {
+	Version      string `json:"version"`
+	UptimeMs     int64  `json:"uptime_ms"`
+	Backend      string `json:"backend"`
+	BackendState string `json:"backend_state"`
+	Sessions     int    `json:"sessions"`
+	Leases       int    `json:"leases"`
+	Waiters      int    `json:"waiters"`
+}
+
+// status prints the agent's status, as lines of "key: value" or as JSON.
+func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) error {
+	c, err := dial(ctx, socket, "lockagent ctl")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var res statusResult
+	if err := c.Call(ctx, "status", nil, &res); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 1, ' ', 0)
+	fmt.Fprintf(tw, "version:\t%s\n", res.Version)
+	fmt.Fprintf(tw, "uptime:\t%s\n", (time.Duration(res.UptimeMs) * time.Millisecond).Round(time.Second))
+	fmt.Fprintf(tw, "backend:\t%s (%s)\n", res.Backend, res.BackendState)
+	fmt.Fprintf(tw, "sessions:\t%d\n", res.Sessions)
+	fmt.Fprintf(tw, "leases:\t%d\n", res.Leases)
+	fmt.Fprintf(tw, "waiters:\t%d\n", res.Waiters)
 	return tw.Flush()
 }

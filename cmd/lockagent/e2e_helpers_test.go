@@ -529,6 +529,7 @@ type notifyListener struct {
 	path string
 	mu   sync.Mutex
 	msgs []string
+	at   []time.Time // when each message arrived
 }
 
 func listenNotify(t *testing.T, dir string) *notifyListener {
@@ -547,6 +548,7 @@ func listenNotify(t *testing.T, dir string) *notifyListener {
 			}
 			n.mu.Lock()
 			n.msgs = append(n.msgs, string(buf[:k]))
+			n.at = append(n.at, time.Now())
 			n.mu.Unlock()
 		}
 	}()

@@ -748,34 +748,6 @@ func TestRedisUnreachable(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "no socket is left behind")
 }
 
-func TestUnsupportedConfigIsRefused(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ name, hcl, msg string }{
-		{"acl rules", "acl {\n  rule \"orders/*\" {\n    uids = [4242]\n  }\n}\n", "acl: rules"},
-		{"admin groups", "acl {\n  admin_groups = [\"0\"]\n}\n", "acl.admin_groups"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newAgentEnv(t)
-			e.writeConfig(t, tc.hcl)
-			r := lockagent(t, nil, "config", "check", "-config", e.config)
-			requireCode(t, 1, r, "config check")
-			require.Contains(t, r.stderr, tc.msg)
-			a := e.spawn(t)
-			require.Equal(t, 1, a.wait(t, exitTimeout), "the agent's exit status")
-			require.Contains(t, a.stderr.String(), tc.msg)
-			_, err := os.Lstat(e.socket)
-			require.ErrorIs(t, err, os.ErrNotExist, "no socket is left behind")
-		})
-	}
-
-	t.Run("metrics", func(t *testing.T) {
-		e := newAgentEnv(t)
-		e.writeConfig(t, "metrics {\n  address = \"127.0.0.1:9464\"\n}\n")
-		a := e.start(t)
-		require.Contains(t, a.stderr.String(), "metrics are not available")
-	})
-}
-
 func TestReloadOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t)

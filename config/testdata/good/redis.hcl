@@ -37,6 +37,8 @@ limits {
   max_leases_per_session = 50
   max_waiters            = 2000
   max_line_bytes         = 1048576
+  max_connections_per_uid = 100
+  max_leases_per_uid     = 20
 }
 
 acl {

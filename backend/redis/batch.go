@@ -1,0 +1,153 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// batcher runs the scripts of concurrent callers in shared pipelines
+// (group commit): a call made while no pipeline is in flight goes out at
+// once, alone, from the caller's goroutine; calls made while one is in
+// flight gather, and go out together in the next pipeline as soon as it
+// returns. One session pays one round trip; many sessions share each
+// round trip, and Redis reads and answers them in one go.
+type batcher struct {
+	c goredis.UniversalClient
+
+	mu    sync.Mutex
+	busy  bool // a pipeline is in flight
+	queue []*call
+}
+
+// call is one script run through the batcher.
+type call struct {
+	ctx    context.Context
+	script *goredis.Script
+	keys   []string
+	args   []any
+	cmd    *goredis.Cmd
+	done   chan struct{} // closed when cmd holds the result
+}
+
+// run runs script with keys and args and returns its command, whose Err
+// and value are the result.
+func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	c := &call{ctx: ctx, script: script, keys: keys, args: args}
+	b.mu.Lock()
+	if !b.busy {
+		b.busy = true
+		b.mu.Unlock()
+		b.exec(ctx, []*call{c})
+		b.handOff()
+		return c.cmd
+	}
+	c.done = make(chan struct{})
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		// The script may still run: the caller treats the outcome as
+		// unknown, as after any timeout.
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+}
+
+// handOff is called when a pipeline returns: the calls that gathered in
+// the meantime go out from a goroutine of their own, so that the caller
+// that sent the last pipeline is not kept waiting.
+func (b *batcher) handOff() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.busy = false
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	go b.drain()
+}
+
+// drain sends the gathered calls, a pipeline at a time, until none is
+// left.
+func (b *batcher) drain() {
+	for {
+		b.mu.Lock()
+		batch := b.queue
+		b.queue = nil
+		if len(batch) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		// A call whose caller stopped waiting is not sent at all.
+		live := make([]*call, 0, len(batch))
+		for _, c := range batch {
+			if c.ctx.Err() == nil {
+				live = append(live, c)
+			}
+		}
+		if len(live) > 0 {
+			ctx, cancel := batchContext(live)
+			b.exec(ctx, live)
+			cancel()
+		}
+		for _, c := range batch {
+			close(c.done)
+		}
+	}
+}
+
+// batchContext bounds a pipeline by the latest deadline of its calls; a
+// call whose own deadline passes first stops waiting on its own.
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(context.Background())
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.Background(), latest)
+}
+
+// exec sends batch in one pipeline by script digest, and sends again, by
+// source, the calls the server had no script for (after a restart or a
+// failover emptied its script cache); every script is idempotent. A call
+// alone goes as a plain command, on a connection of the client's pool
+// (go-redis may open a connection of its own for a pipeline).
+func (b *batcher) exec(ctx context.Context, batch []*call) {
+	if len(batch) == 1 {
+		c := batch[0]
+		c.cmd = c.script.Run(ctx, b.c, c.keys, c.args...)
+		return
+	}
+	p := b.c.Pipeline()
+	for _, c := range batch {
+		c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
+	}
+	p.Exec(ctx) // each command carries its own error
+	var again []*call
+	for _, c := range batch {
+		if goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	p = b.c.Pipeline()
+	for _, c := range again {
+		c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
+	}
+	p.Exec(ctx)
+}

@@ -1,0 +1,3 @@
+limits {
+  max_connections_per_uid = -1
+}

@@ -1,0 +1,814 @@
+'use strict';
+/**
+ * lockagent client for Node.js 18 and later, with no dependencies.
+ *
+ * Vendor this one file into an application. It speaks the lockagent wire
+ * protocol (newline-delimited JSON over the agent's Unix socket) and gives
+ * locks as `Lease` objects:
+ *
+ *     const { connect } = require('./lockagent.js');
+ *     const client = await connect({ client: 'billing-worker' });
+ *     const lease = await client.acquire('orders/42', { waitMs: 5000 });
+ *     if (lease) {
+ *       try {
+ *         await writeInvoice({ fencingToken: lease.token, signal: lease.signal });
+ *       } finally {
+ *         await lease.release();
+ *       }
+ *     }
+ *     await client.close();
+ *
+ * The contract: a lease is valid only while `lease.held` is true. It is
+ * lost when the agent says so (broken by an admin, expired, taken over,
+ * renewals failing) and, for every lease of scope `connection`, the moment
+ * the connection to the agent breaks. Stop using the resource as soon as a
+ * lease is lost: `lease.signal` aborts, `lease.ended` resolves, and `lost`
+ * is emitted on the lease and on the client.
+ *
+ * @module lockagent
+ */
+
+const net = require('node:net');
+const path = require('node:path');
+const { EventEmitter } = require('node:events');
+
+const PROTOCOL_VERSION = 1;
+
+/** `Symbol.asyncDispose` where the runtime has it (Node 18.18+, 20.4+). */
+const asyncDispose = typeof Symbol.asyncDispose === 'symbol' ? Symbol.asyncDispose : undefined;
+
+/**
+ * The socket path the agent listens on by default, computed as the agent
+ * does: `/run/lockagent/agent.sock` for root and systemd services, else
+ * `$XDG_RUNTIME_DIR/lockagent.sock`, else `$TMPDIR/lockagent-UID.sock`.
+ *
+ * @param {NodeJS.ProcessEnv} [env] the environment to read
+ * @param {number} [euid] the effective uid
+ * @returns {string}
+ */
+function defaultSocketPath(env = process.env, euid = process.geteuid()) {
+  if (euid === 0 || env.INVOCATION_ID || env.NOTIFY_SOCKET) {
+    return '/run/lockagent/agent.sock';
+  }
+  const runtimeDir = env.XDG_RUNTIME_DIR;
+  if (runtimeDir && path.isAbsolute(runtimeDir)) {
+    return path.join(runtimeDir, 'lockagent.sock');
+  }
+  return path.join(env.TMPDIR || '/tmp', `lockagent-${euid}.sock`);
+}
+
+/**
+ * Where a client finds the agent: the explicit path if given, then the
+ * `LOCKAGENT_SOCKET` environment variable, then {@link defaultSocketPath}.
+ *
+ * @param {string} [explicit]
+ * @param {NodeJS.ProcessEnv} [env]
+ * @returns {string}
+ */
+function socketPath(explicit, env = process.env) {
+  return explicit || env.LOCKAGENT_SOCKET || defaultSocketPath(env);
+}
+
+// ---------------------------------------------------------------- errors
+
+/**
+ * The base class of every error this module throws. `code` is a stable
+ * string: one of the protocol's error codes for an {@link AgentError}, or
+ * one of this client's own (`connection_closed`, `not_connected`,
+ * `line_too_long`, `lease_lost`, `lease_released`).
+ */
+class LockAgentError extends Error {
+  /**
+   * @param {string} message
+   * @param {string} code
+   * @param {ErrorOptions} [options]
+   */
+  constructor(message, code, options) {
+    super(message, options);
+    this.name = 'LockAgentError';
+    this.code = code;
+  }
+}
+
+/**
+ * An error answered by the agent. `code` is the protocol's error code
+ * (`not_held`, `already_held`, `invalid_name`, `session_expired`, ...),
+ * `op` the request's op. For `already_held`, `lease` is the lease the
+ * session already holds on the name.
+ */
+class AgentError extends LockAgentError {
+  constructor(op, error, lease) {
+    super(`${op}: ${error.code}: ${error.message}`, error.code);
+    this.name = 'AgentError';
+    this.op = op;
+    this.agentMessage = error.message;
+    if (lease !== undefined) this.lease = lease;
+  }
+}
+
+/**
+ * The connection to the agent ended, or there was none, before an answer:
+ * `code` is `connection_closed` (it broke, or the client was closed) or
+ * `not_connected` (the client is reconnecting). The cause, if known, is in
+ * `cause`.
+ */
+class ConnectionError extends LockAgentError {
+  constructor(message, code, options) {
+    super(message, code, options);
+    this.name = 'ConnectionError';
+  }
+}
+
+/**
+ * A lease was lost. `reason` is the agent's (`expired`, `broken`,
+ * `taken_over`, `backend_unavailable`) or the client's own: `disconnected`
+ * (the connection broke, which loses every connection-scoped lease, and
+ * session-scoped ones too without a session TTL), `session_expired` (the
+ * session could not be resumed), `shutdown` (the agent is stopping).
+ */
+class LeaseLostError extends LockAgentError {
+  constructor(lease, reason) {
+    super(`lease ${lease.id} on ${lease.name} (token ${lease.token}) lost: ${reason}`, 'lease_lost');
+    this.name = 'LeaseLostError';
+    this.reason = reason;
+    this.lease = lease;
+  }
+}
+
+// ----------------------------------------------------------------- lease
+
+/**
+ * A granted lock. Its fields are those of the protocol's lease: `id`,
+ * `name`, `mode`, `scope`, `token` (the fencing token), `ttlMs`, plus the
+ * `meta` it was acquired with.
+ *
+ * Loss, three ways: poll `held`/`lost`/`lostReason` (or call
+ * `throwIfLost()`), await `ended`, or listen for `'lost'`. `signal` is an
+ * AbortSignal that aborts when the lease stops being held, lost or
+ * released: hand it to the work done under the lock.
+ *
+ * Events: `'lost'` (err: LeaseLostError).
+ */
+class Lease extends EventEmitter {
+  /** @internal */
+  constructor(client, fields, meta) {
+    super();
+    /** @type {string} the lease id */
+    this.id = fields.lease;
+    /** @type {string} */
+    this.name = fields.name;
+    /** @type {'exclusive'|'shared'} */
+    this.mode = fields.mode;
+    /** @type {'connection'|'session'} */
+    this.scope = fields.scope;
+    /** @type {number} the fencing token */
+    this.token = fields.token;
+    /** @type {number} */
+    this.ttlMs = fields.ttl_ms;
+    /** @type {string} */
+    this.meta = meta ?? '';
+    /** @type {string|null} why the lease was lost, null while it was not */
+    this.lostReason = null;
+    /** @type {boolean} true once released (by `release()` or `client.close()`) */
+    this.released = false;
+    this._client = client;
+    this._abort = new AbortController();
+    this._lostError = null;
+    this._releasing = null;
+    /**
+     * Resolves once the lease is no longer held: with its LeaseLostError if
+     * it was lost, with null if it was released. It never rejects.
+     * @type {Promise<LeaseLostError|null>}
+     */
+    this.ended = new Promise((resolve) => { this._resolveEnded = resolve; });
+  }
+
+  /** True while the lease is neither lost nor released. */
+  get held() { return this.lostReason === null && !this.released; }
+
+  /** True once the lease is lost. */
+  get lost() { return this.lostReason !== null; }
+
+  /** Aborts when the lease stops being held; its reason says why. */
+  get signal() { return this._abort.signal; }
+
+  /** Throws the LeaseLostError if the lease is lost. */
+  throwIfLost() {
+    if (this._lostError) throw this._lostError;
+  }
+
+  /**
+   * Releases the lease. Resolves true if this call released it, false if
+   * it had already ended (released, or lost). A session-scoped lease
+   * released while the client reconnects is released once it is back.
+   * @returns {Promise<boolean>}
+   */
+  release() {
+    if (!this.held) return Promise.resolve(false);
+    if (!this._releasing) {
+      this._releasing = this._release().finally(() => { this._releasing = null; });
+    }
+    return this._releasing;
+  }
+
+  async _release() {
+    try {
+      if (this.scope === 'session' && !this._client.connected) await this._client.ready();
+      if (!this.held) return false;
+      await this._client._call('release', { lease: this.id });
+      this._end(null);
+      return true;
+    } catch (err) {
+      if (!this.held) return false;
+      if (err.code === 'not_held') {
+        this._end(null);
+        return false;
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * Asks the agent to confirm with its backend that the lease is still
+   * held. A lease found gone is lost (reason `expired`) before this
+   * resolves.
+   * @returns {Promise<{held: boolean, token: number, expiresInMs: number}>}
+   */
+  async check() {
+    if (!this.held) return { held: false, token: this.token, expiresInMs: 0 };
+    let res;
+    try {
+      res = await this._client._call('check', { lease: this.id });
+    } catch (err) {
+      if (err.code !== 'not_held') throw err;
+      this._end(new LeaseLostError(this, 'expired'));
+      return { held: false, token: this.token, expiresInMs: 0 };
+    }
+    if (!res.held) this._end(new LeaseLostError(this, 'expired'));
+    return { held: res.held, token: res.token, expiresInMs: res.expires_in_ms };
+  }
+
+  /** Ends the lease once: lost with `lostError`, or released when null. */
+  _end(lostError) {
+    if (!this.held) return;
+    this._client._leases.delete(this.id);
+    if (lostError) {
+      this.lostReason = lostError.reason;
+      this._lostError = lostError;
+      this._abort.abort(lostError);
+      this._resolveEnded(lostError);
+      this.emit('lost', lostError);
+      this._client.emit('lost', this, lostError);
+    } else {
+      this.released = true;
+      this._abort.abort(new LockAgentError(`lease ${this.id} on ${this.name} released`, 'lease_released'));
+      this._resolveEnded(null);
+    }
+  }
+}
+if (asyncDispose) {
+  /** `await using lease = ...` releases the lease at the end of the block. */
+  Lease.prototype[asyncDispose] = async function dispose() { await this.release(); };
+}
+
+// ---------------------------------------------------------------- client
+
+/**
+ * @typedef {object} ConnectOptions
+ * @property {string} [socket] the agent's socket path; default: `LOCKAGENT_SOCKET`, then the default path
+ * @property {string} [client] a name for this application, shown by `lockagent ctl list`
+ * @property {number} [sessionTtlMs] how long the session (and its session-scoped leases) outlives a broken connection, 0 to 3600000; default 0
+ * @property {number} [heartbeatMs] 0 (off, default) or 100 to 3600000: the agent drops a connection silent for that long; the client pings every third of it
+ * @property {boolean} [reconnect] reconnect after a broken connection, resuming the session when it has a TTL; default true
+ * @property {number} [reconnectMinMs] first delay between reconnection attempts; default 50
+ * @property {number} [reconnectMaxMs] longest delay between reconnection attempts; default 2000
+ */
+
+/**
+ * @typedef {object} AcquireOptions
+ * @property {'exclusive'|'shared'} [mode] default `exclusive`
+ * @property {number} [limit] with `shared`: at most this many shared holders
+ * @property {'connection'|'session'} [scope] default `connection`
+ * @property {number} [ttlMs] the backend lease duration; default the agent's
+ * @property {string} [meta] free text shown to `inspect` and `lockagent ctl list`
+ * @property {number} [waitMs] for `acquire`: how long to wait, `Infinity` (default) for as long as it takes
+ * @property {AbortSignal} [signal] abandons the acquire; the promise rejects with `signal.reason`
+ */
+
+/**
+ * A session with the agent over one connection at a time.
+ *
+ * Events:
+ * - `'lost'` (lease: Lease, err: LeaseLostError): a lease was lost
+ * - `'backend'` ({state, message}): renewals started failing (`degraded`) or recovered (`ok`)
+ * - `'shutdown'` (message): the agent is stopping; every lease is lost
+ * - `'disconnect'` (err): the connection broke; the client reconnects unless `reconnect` is false
+ * - `'reconnect'` ({session, resumed}): connected again; `resumed` is false for a new session
+ * - `'close'`: the client is closed for good
+ */
+class Client extends EventEmitter {
+  /** @internal use {@link connect} */
+  constructor(options = {}) {
+    super();
+    this._options = {
+      client: '',
+      sessionTtlMs: 0,
+      heartbeatMs: 0,
+      reconnect: true,
+      reconnectMinMs: 50,
+      reconnectMaxMs: 2000,
+      ...options,
+    };
+    /** @type {string} the socket path */
+    this.socketPath = socketPath(options.socket);
+    /** @type {string|null} the session id */
+    this.session = null;
+    /** @type {string|null} the session's resume token; keep it private */
+    this.resumeToken = null;
+    /** @type {object|null} what the agent said of itself in `hello`: version, backend, maxLineBytes, ttlMs */
+    this.agent = null;
+    this._sock = null;
+    this._connected = false;
+    this._closed = false;
+    this._nextId = 0;
+    this._pending = new Map();
+    /** @type {Map<string, Lease>} */
+    this._leases = new Map();
+    this._heartbeat = null;
+    this._reconnecting = null;
+    this._stopReconnect = new AbortController();
+    this._readyWaiters = [];
+    this._resumed = false;
+    this._closeCause = null;
+  }
+
+  /** True while a connection is open and its session established. */
+  get connected() { return this._connected; }
+
+  /** True once `close()` was called. */
+  get closed() { return this._closed; }
+
+  /** The leases this client holds now. */
+  get leases() { return [...this._leases.values()]; }
+
+  /**
+   * Resolves when the client is connected: at once if it is, else when it
+   * has reconnected. Rejects if the client is (or gets) closed.
+   * @param {{signal?: AbortSignal}} [options]
+   */
+  ready({ signal } = {}) {
+    if (this._connected) return Promise.resolve();
+    if (this._closed) return Promise.reject(closedError());
+    signal?.throwIfAborted();
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject };
+      const onAbort = () => {
+        this._readyWaiters = this._readyWaiters.filter((w) => w !== waiter);
+        reject(signal.reason);
+      };
+      waiter.resolve = () => { signal?.removeEventListener('abort', onAbort); resolve(); };
+      waiter.reject = (err) => { signal?.removeEventListener('abort', onAbort); reject(err); };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this._readyWaiters.push(waiter);
+    });
+  }
+
+  /**
+   * Takes a lock, waiting for it up to `waitMs` (as long as it takes by
+   * default). Resolves with the Lease, or with null if `waitMs` ran out.
+   * @param {string} name
+   * @param {AcquireOptions} [options]
+   * @returns {Promise<Lease|null>}
+   */
+  acquire(name, options = {}) {
+    const { waitMs = Infinity } = options;
+    return this._acquire(name, options, waitMs === Infinity ? -1 : waitMs);
+  }
+
+  /**
+   * Tries to take a lock without waiting. Resolves with the Lease, or with
+   * null if the lock is held (or others queue for it).
+   * @param {string} name
+   * @param {AcquireOptions} [options]
+   * @returns {Promise<Lease|null>}
+   */
+  tryAcquire(name, options = {}) {
+    return this._acquire(name, options, 0);
+  }
+
+  async _acquire(name, options, waitMs) {
+    const { mode, limit, scope, ttlMs, meta, signal } = options;
+    signal?.throwIfAborted();
+    const args = { name, mode, limit, scope, ttl_ms: ttlMs, wait_ms: waitMs, meta };
+    let lease = null;
+    // The lease is tracked as its answer is read: the next line may be its
+    // lost event.
+    const { id, promise } = this._start('acquire', args, {
+      onAnswer: (res) => {
+        if (!res.acquired) return;
+        lease = new Lease(this, res, meta);
+        this._leases.set(lease.id, lease);
+      },
+    });
+    let aborted = false;
+    const onAbort = () => {
+      aborted = true;
+      this._call('cancel', { target: id }).catch(() => {});
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      let res;
+      try {
+        res = await promise;
+      } catch (err) {
+        if (aborted) throw signal.reason;
+        throw err;
+      }
+      if (!res.acquired) {
+        if (aborted) throw signal.reason;
+        return null;
+      }
+      if (aborted) {
+        await lease.release().catch(() => {});
+        throw signal.reason;
+      }
+      return lease;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /**
+   * Who holds a name.
+   * @param {string} name
+   * @returns {Promise<{locked: boolean, mode: string|null, holders: Array<{mode: string, token: number, meta: string, host: string, expiresInMs: number}>, lastToken: number}>}
+   */
+  async inspect(name) {
+    const res = await this._call('inspect', { name });
+    return {
+      locked: res.locked,
+      mode: res.mode,
+      holders: res.holders.map(camelKeys),
+      lastToken: res.last_token,
+    };
+  }
+
+  /**
+   * The sessions of this uid (every session with `all`, for admins), with
+   * their leases and waiting acquires; keys in camelCase.
+   * @param {{all?: boolean}} [options]
+   * @returns {Promise<object[]>}
+   */
+  async list({ all = false } = {}) {
+    const res = await this._call('list', { all });
+    return res.sessions.map(camelKeys);
+  }
+
+  /**
+   * Ends every lease on a name, whoever holds it (admins only). Resolves
+   * with how many were ended; each holder gets `lost` with reason `broken`.
+   * @param {string} name
+   * @returns {Promise<number>}
+   */
+  async break(name) {
+    const res = await this._call('break', { name });
+    return res.broken;
+  }
+
+  /**
+   * A round trip to the agent. Resolves with its duration in milliseconds.
+   * @returns {Promise<number>}
+   */
+  async ping() {
+    const start = performance.now();
+    await this._call('ping');
+    return performance.now() - start;
+  }
+
+  /**
+   * Sends any request and resolves with the agent's raw answer (the JSON
+   * object, `id` and `ok` included). For ops this client has no method for.
+   * @param {string} op
+   * @param {object} [args]
+   * @returns {Promise<object>}
+   */
+  request(op, args = {}) {
+    return this._call(op, args);
+  }
+
+  /**
+   * Ends the session: every lease of both scopes is released (`bye`), and
+   * the connection closes. Pending calls reject with a ConnectionError.
+   * Safe to call more than once.
+   */
+  async close() {
+    if (this._closed) return;
+    this._closed = true;
+    this._stopReconnect.abort();
+    if (this._connected) {
+      try {
+        await this._call('bye', {}, { closing: true });
+      } catch {
+        // The connection is gone either way.
+      }
+    }
+    for (const lease of [...this._leases.values()]) lease._end(null);
+    this._stopHeartbeat();
+    this._connected = false;
+    this._sock?.destroy();
+    this._failPending(closedError());
+    for (const w of this._readyWaiters.splice(0)) w.reject(closedError());
+    this.emit('close');
+  }
+
+  // ----------------------------------------------------------- internals
+
+  /** Sends a request; resolves with the answer, rejects with its error. */
+  _call(op, args = {}, opts = {}) {
+    return this._start(op, args, opts).promise;
+  }
+
+  /**
+   * Sends a request and returns its id with the promise of its answer.
+   * `onAnswer`, if given, is called with a successful answer as soon as it
+   * is read, before the lines after it.
+   */
+  _start(op, args, { handshake = false, closing = false, onAnswer } = {}) {
+    const id = `r${++this._nextId}`;
+    if (this._closed && !closing) return { id, promise: Promise.reject(closedError()) };
+    if (!this._connected && !handshake) {
+      return {
+        id,
+        promise: Promise.reject(new ConnectionError('not connected to the agent', 'not_connected')),
+      };
+    }
+    const line = JSON.stringify({ id, op, ...args });
+    const max = this.agent?.maxLineBytes;
+    if (max && Buffer.byteLength(line) > max) {
+      return {
+        id,
+        promise: Promise.reject(new LockAgentError(
+          `${op}: the request is longer than the agent's ${max}-byte line limit`, 'line_too_long')),
+      };
+    }
+    const promise = new Promise((resolve, reject) => {
+      this._pending.set(id, { op, resolve, reject, onAnswer });
+    });
+    this._sock.write(`${line}\n`);
+    return { id, promise };
+  }
+
+  /** Connects and opens (or resumes) the session. */
+  async _open() {
+    const sock = await dial(this.socketPath);
+    this._sock = sock;
+    this._closeCause = null;
+    sock.setEncoding('utf8');
+    let buffered = '';
+    sock.on('data', (chunk) => {
+      buffered += chunk;
+      let nl;
+      while ((nl = buffered.indexOf('\n')) >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        if (sock === this._sock) this._onLine(line);
+      }
+    });
+    sock.on('error', (err) => { this._closeCause ??= err; });
+    sock.on('close', () => this._onClose(sock));
+    try {
+      await this._hello();
+    } catch (err) {
+      sock.destroy();
+      throw err;
+    }
+    if (this._closed) {
+      this._connected = false;
+      sock.destroy();
+      throw closedError();
+    }
+    this._startHeartbeat();
+    for (const w of this._readyWaiters.splice(0)) w.resolve();
+  }
+
+  /** Says hello, resuming the session if it has one worth resuming. */
+  async _hello() {
+    const { client, sessionTtlMs, heartbeatMs } = this._options;
+    const args = {
+      version: PROTOCOL_VERSION,
+      client,
+      session_ttl_ms: sessionTtlMs,
+      heartbeat_ms: heartbeatMs,
+    };
+    if (this.session && sessionTtlMs > 0) {
+      try {
+        await this._call('hello', { ...args, resume: { session: this.session, token: this.resumeToken } },
+          { handshake: true, onAnswer: (res) => this._helloDone(res) });
+        return;
+      } catch (err) {
+        if (err.code !== 'session_expired') throw err;
+        // The session is gone, and every lease it had with it.
+        for (const lease of [...this._leases.values()]) lease._end(new LeaseLostError(lease, 'session_expired'));
+      }
+    }
+    await this._call('hello', args, { handshake: true, onAnswer: (res) => this._helloDone(res) });
+  }
+
+  /**
+   * Records the session as the hello answer is read, before the events
+   * that may follow it (those missed while the session was detached).
+   */
+  _helloDone(res) {
+    this._connected = true;
+    this.session = res.session;
+    this.resumeToken = res.resume_token;
+    this.agent = {
+      version: res.agent.version,
+      backend: res.agent.backend,
+      maxLineBytes: res.agent.max_line_bytes,
+      ttlMs: { ...res.agent.ttl_ms },
+    };
+    this._resumed = res.resumed;
+  }
+
+  _onLine(line) {
+    if (line.trim() === '') return;
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      this._closeCause = new LockAgentError(`the agent sent a line that is not JSON: ${line.slice(0, 100)}`, 'bad_response');
+      this._sock.destroy();
+      return;
+    }
+    if (msg === null || typeof msg !== 'object') return;
+    if (typeof msg.event === 'string') {
+      this._onEvent(msg);
+      return;
+    }
+    const pending = msg.id === null || msg.id === undefined ? undefined : this._pending.get(String(msg.id));
+    if (!pending) {
+      // An answer to no request of ours: an error about the connection
+      // itself (line_too_long, too many connections), which is about to end.
+      if (msg.ok === false && msg.error) this._closeCause = new AgentError('connection', msg.error);
+      return;
+    }
+    this._pending.delete(String(msg.id));
+    if (msg.ok) {
+      pending.onAnswer?.(msg);
+      pending.resolve(msg);
+      return;
+    }
+    let lease;
+    if (msg.error.lease) lease = this._leases.get(msg.error.lease.lease) ?? camelKeys(msg.error.lease);
+    pending.reject(new AgentError(pending.op, msg.error, lease));
+  }
+
+  _onEvent(ev) {
+    switch (ev.event) {
+      case 'lost': {
+        const lease = this._leases.get(ev.lease);
+        if (lease) lease._end(new LeaseLostError(lease, ev.reason));
+        break;
+      }
+      case 'backend':
+        this.emit('backend', { state: ev.state, message: ev.message });
+        break;
+      case 'shutdown':
+        for (const lease of [...this._leases.values()]) lease._end(new LeaseLostError(lease, 'shutdown'));
+        this.emit('shutdown', ev.message);
+        break;
+      default:
+        // Events of later versions are ignored.
+        break;
+    }
+  }
+
+  _onClose(sock) {
+    if (sock !== this._sock) return;
+    const wasConnected = this._connected;
+    this._connected = false;
+    this._stopHeartbeat();
+    const err = new ConnectionError('the connection to the agent was closed', 'connection_closed',
+      this._closeCause ? { cause: this._closeCause } : undefined);
+    this._failPending(err);
+    if (this._closed || !wasConnected) return;
+    // The documented contract: a broken connection loses every
+    // connection-scoped lease, and the session's too if it has no TTL.
+    const keepSession = this._options.sessionTtlMs > 0 && this._options.reconnect;
+    for (const lease of [...this._leases.values()]) {
+      if (lease.scope === 'connection' || !keepSession) lease._end(new LeaseLostError(lease, 'disconnected'));
+    }
+    this.emit('disconnect', err);
+    if (this._closed) return;
+    if (this._options.reconnect) {
+      this._reconnecting = this._reconnectLoop();
+    } else {
+      this._closed = true;
+      for (const w of this._readyWaiters.splice(0)) w.reject(closedError());
+      this.emit('close');
+    }
+  }
+
+  async _reconnectLoop() {
+    const { reconnectMinMs, reconnectMaxMs } = this._options;
+    let delay = reconnectMinMs;
+    while (!this._closed) {
+      try {
+        await this._open();
+        this._reconnecting = null;
+        this.emit('reconnect', { session: this.session, resumed: this._resumed });
+        return;
+      } catch {
+        if (this._closed) return;
+      }
+      const jittered = delay / 2 + Math.random() * delay / 2;
+      delay = Math.min(delay * 2, reconnectMaxMs);
+      await new Promise((resolve) => {
+        const signal = this._stopReconnect.signal;
+        const timer = setTimeout(done, jittered);
+        function done() {
+          clearTimeout(timer);
+          signal.removeEventListener('abort', done);
+          resolve();
+        }
+        signal.addEventListener('abort', done, { once: true });
+      });
+    }
+  }
+
+  _failPending(err) {
+    const pending = [...this._pending.values()];
+    this._pending.clear();
+    for (const p of pending) p.reject(err);
+  }
+
+  _startHeartbeat() {
+    const { heartbeatMs } = this._options;
+    if (!heartbeatMs) return;
+    this._heartbeat = setInterval(() => {
+      this._call('ping').catch(() => {});
+    }, Math.max(heartbeatMs / 3, 10));
+    this._heartbeat.unref();
+  }
+
+  _stopHeartbeat() {
+    clearInterval(this._heartbeat);
+    this._heartbeat = null;
+  }
+}
+if (asyncDispose) {
+  /** `await using client = await connect()` closes the client at the end of the block. */
+  Client.prototype[asyncDispose] = async function dispose() { await this.close(); };
+}
+
+/**
+ * Connects to the agent and opens a session.
+ * @param {ConnectOptions} [options]
+ * @returns {Promise<Client>}
+ */
+async function connect(options = {}) {
+  const client = new Client(options);
+  await client._open();
+  return client;
+}
+
+function dial(socket) {
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection(socket);
+    const onError = (err) => reject(err);
+    sock.once('error', onError);
+    sock.once('connect', () => {
+      sock.removeListener('error', onError);
+      resolve(sock);
+    });
+  });
+}
+
+function closedError() {
+  return new ConnectionError('the client is closed', 'connection_closed');
+}
+
+/** A copy of a wire object with its snake_case keys in camelCase, deeply. */
+function camelKeys(value) {
+  if (Array.isArray(value)) return value.map(camelKeys);
+  if (value === null || typeof value !== 'object') return value;
+  const out = {};
+  for (const [k, v] of Object.entries(value)) {
+    out[k.replace(/_([a-z])/g, (_, c) => c.toUpperCase())] = camelKeys(v);
+  }
+  return out;
+}
+
+module.exports = {
+  connect,
+  Client,
+  Lease,
+  LockAgentError,
+  AgentError,
+  ConnectionError,
+  LeaseLostError,
+  defaultSocketPath,
+  socketPath,
+  PROTOCOL_VERSION,
+};

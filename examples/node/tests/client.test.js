@@ -1,0 +1,460 @@
+'use strict';
+// The Node client against a real agent process: every op, the lost signal,
+// heartbeats, reconnect and resume, errors.
+
+const assert = require('node:assert/strict');
+const { execFile } = require('node:child_process');
+const fs = require('node:fs');
+const path = require('node:path');
+const { after, before, describe, test } = require('node:test');
+
+const lockagent = require('../lockagent.js');
+const { Agent, RawConn, waitFor } = require('./harness.js');
+
+const { connect, LockAgentError, AgentError, ConnectionError, LeaseLostError } = lockagent;
+
+describe('socket path', () => {
+  test('the default path is computed as the agent computes it', () => {
+    const def = lockagent.defaultSocketPath;
+    assert.equal(def({}, 0), '/run/lockagent/agent.sock');
+    assert.equal(def({ INVOCATION_ID: 'x' }, 1000), '/run/lockagent/agent.sock');
+    assert.equal(def({ NOTIFY_SOCKET: '/run/systemd/notify' }, 1000), '/run/lockagent/agent.sock');
+    assert.equal(def({ XDG_RUNTIME_DIR: '/run/user/1000' }, 1000), '/run/user/1000/lockagent.sock');
+    assert.equal(def({ XDG_RUNTIME_DIR: 'relative/dir' }, 1000), '/tmp/lockagent-1000.sock');
+    assert.equal(def({ TMPDIR: '/var/tmp' }, 1000), '/var/tmp/lockagent-1000.sock');
+    assert.equal(def({}, 1000), '/tmp/lockagent-1000.sock');
+  });
+
+  test('an explicit path wins over LOCKAGENT_SOCKET, which wins over the default', () => {
+    const env = { LOCKAGENT_SOCKET: '/srv/la.sock', XDG_RUNTIME_DIR: '/run/user/1' };
+    assert.equal(lockagent.socketPath('/x.sock', env), '/x.sock');
+    assert.equal(lockagent.socketPath(undefined, env), '/srv/la.sock');
+    assert.equal(lockagent.socketPath(undefined, { LOCKAGENT_SOCKET: '' }), lockagent.defaultSocketPath({}));
+  });
+});
+
+describe('against an agent', () => {
+  let agent;
+  const clients = [];
+  /** A connected client on the shared agent, closed after the tests. */
+  async function client(options = {}) {
+    const c = await connect({ socket: agent.socket, client: 'node-test', ...options });
+    clients.push(c);
+    return c;
+  }
+  let seq = 0;
+  const unique = (kind) => `${kind}/${process.pid}-${++seq}`;
+
+  before(async () => { agent = await Agent.start(); });
+  after(async () => {
+    await Promise.all(clients.map((c) => c.close()));
+    await agent.stop();
+  });
+
+  test('connect finds the agent through LOCKAGENT_SOCKET and says hello', async () => {
+    const saved = process.env.LOCKAGENT_SOCKET;
+    process.env.LOCKAGENT_SOCKET = agent.socket;
+    let c;
+    try {
+      c = await connect({ client: 'env-client' });
+    } finally {
+      if (saved === undefined) delete process.env.LOCKAGENT_SOCKET;
+      else process.env.LOCKAGENT_SOCKET = saved;
+    }
+    clients.push(c);
+    assert.equal(c.socketPath, agent.socket);
+    assert.match(c.session, /^s_/);
+    assert.ok(c.resumeToken.length > 10);
+    assert.equal(c.connected, true);
+    assert.equal(c.agent.backend, 'memory');
+    assert.equal(c.agent.maxLineBytes, 65536);
+    assert.deepEqual(c.agent.ttlMs, { default: 15000, min: 1000, max: 86400000 });
+    const sessions = await c.list();
+    const mine = sessions.find((s) => s.session === c.session);
+    assert.equal(mine.client, 'env-client');
+    assert.equal(mine.pid, process.pid);
+  });
+
+  test('connecting to a socket nobody listens on fails with the system error', async () => {
+    await assert.rejects(connect({ socket: path.join(agent.dir, 'nobody.sock') }), { code: 'ENOENT' });
+  });
+
+  test('try, wait with a deadline and wait until granted', async () => {
+    const [a, b] = [await client(), await client()];
+    const name = unique('orders');
+    const first = await a.tryAcquire(name, { meta: 'invoice run' });
+    assert.ok(first);
+    assert.equal(first.name, name);
+    assert.equal(first.mode, 'exclusive');
+    assert.equal(first.scope, 'connection');
+    assert.equal(first.meta, 'invoice run');
+    assert.equal(first.ttlMs, 15000);
+    assert.match(first.id, /^l_/);
+    assert.ok(Number.isSafeInteger(first.token) && first.token > 0);
+    assert.equal(first.held, true);
+    assert.deepEqual(a.leases, [first]);
+
+    assert.equal(await b.tryAcquire(name), null);
+    const started = Date.now();
+    assert.equal(await b.acquire(name, { waitMs: 150 }), null);
+    assert.ok(Date.now() - started >= 140, 'waitMs waited');
+
+    const waiting = b.acquire(name);
+    await waitFor(async () => (await b.list()).find((s) => s.session === b.session).waiting.length === 1,
+      { what: 'the acquire to wait' });
+    assert.equal(await first.release(), true);
+    assert.equal(first.released, true);
+    assert.equal(first.held, false);
+    assert.equal(await first.ended, null);
+    assert.equal(first.signal.aborted, true);
+    assert.equal(first.signal.reason.code, 'lease_released');
+    const second = await waiting;
+    assert.ok(second.token > first.token, 'tokens increase');
+    assert.equal(await first.release(), false, 'a second release is a no-op');
+  });
+
+  test('shared locks, with a limit', async () => {
+    const [a, b, c] = [await client(), await client(), await client()];
+    const name = unique('sem');
+    const l1 = await a.tryAcquire(name, { mode: 'shared', limit: 2 });
+    const l2 = await b.tryAcquire(name, { mode: 'shared', limit: 2 });
+    assert.equal(l1.mode, 'shared');
+    assert.equal(l2.mode, 'shared');
+    assert.equal(await c.tryAcquire(name, { mode: 'shared', limit: 2 }), null, 'the limit is reached');
+    assert.equal(await c.tryAcquire(name), null, 'exclusive is denied while shared holders live');
+    const info = await c.inspect(name);
+    assert.equal(info.locked, true);
+    assert.equal(info.mode, 'shared');
+    assert.deepEqual(info.holders.map((h) => h.token), [l1.token, l2.token]);
+    await l1.release();
+    const l3 = await c.tryAcquire(name, { mode: 'shared', limit: 2 });
+    assert.ok(l3);
+  });
+
+  test('inspect and list show meta, holders and tokens', async () => {
+    const a = await client({ client: 'inspector' });
+    const name = unique('inv');
+    const never = await a.inspect(unique('never'));
+    assert.deepEqual(never, { locked: false, mode: null, holders: [], lastToken: 0 });
+    const lease = await a.tryAcquire(name, { meta: 'nightly report', ttlMs: 5000 });
+    const info = await a.inspect(name);
+    assert.equal(info.locked, true);
+    assert.equal(info.mode, 'exclusive');
+    assert.equal(info.lastToken, lease.token);
+    assert.equal(info.holders.length, 1);
+    const [h] = info.holders;
+    assert.equal(h.token, lease.token);
+    assert.equal(h.meta, 'nightly report');
+    assert.equal(typeof h.host, 'string');
+    assert.ok(h.expiresInMs > 0 && h.expiresInMs <= 5000);
+
+    const mine = (await a.list()).find((s) => s.session === a.session);
+    assert.equal(mine.client, 'inspector');
+    assert.equal(mine.attached, true);
+    assert.equal(mine.leases.length, 1);
+    assert.equal(mine.leases[0].lease, lease.id);
+    assert.equal(mine.leases[0].meta, 'nightly report');
+    assert.equal(mine.leases[0].ttlMs, 5000);
+    assert.ok(mine.leases[0].heldForMs >= 0);
+    const all = await a.list({ all: true });
+    assert.ok(all.some((s) => s.session === a.session));
+  });
+
+  test('check confirms a lease, and reports a broken one as not held', async () => {
+    const a = await client();
+    const lease = await a.tryAcquire(unique('chk'));
+    const ok = await lease.check();
+    assert.equal(ok.held, true);
+    assert.equal(ok.token, lease.token);
+    assert.ok(ok.expiresInMs > 0);
+    await agent.ctl('break', lease.name);
+    await lease.ended;
+    assert.deepEqual(await lease.check(), { held: false, token: lease.token, expiresInMs: 0 });
+  });
+
+  test('a lease broken by `lockagent ctl break` is lost: polled, awaited and called back', async () => {
+    const a = await client();
+    const lease = await a.tryAcquire(unique('brk'), { scope: 'session' });
+    const onLease = [];
+    const onClient = [];
+    lease.on('lost', (err) => onLease.push(err));
+    a.on('lost', (l, err) => onClient.push([l, err]));
+    assert.equal(lease.lost, false);
+    lease.throwIfLost();
+
+    const out = await agent.ctl('break', lease.name);
+    assert.match(out, /1 lease\(s\) broken/);
+
+    await waitFor(() => lease.lost, { what: 'the lease to be polled as lost' });
+    const err = await lease.ended;
+    assert.ok(err instanceof LeaseLostError);
+    assert.ok(err instanceof LockAgentError);
+    assert.equal(err.code, 'lease_lost');
+    assert.equal(err.reason, 'broken');
+    assert.equal(err.lease, lease);
+    assert.equal(lease.lostReason, 'broken');
+    assert.equal(lease.held, false);
+    assert.throws(() => lease.throwIfLost(), err);
+    assert.equal(lease.signal.aborted, true);
+    assert.equal(lease.signal.reason, err);
+    assert.deepEqual(onLease, [err]);
+    assert.deepEqual(onClient, [[lease, err]]);
+    assert.deepEqual(a.leases, []);
+    assert.equal(await lease.release(), false, 'a lost lease has nothing to release');
+  });
+
+  test('a lease lost right after its grant is lost, even in the same read', async () => {
+    const a = await client();
+    const name = unique('fast');
+    // Pipelined: the agent answers the acquire, then sends its lost event,
+    // then answers the break, likely all in one read.
+    const [lease, broken] = await Promise.all([a.tryAcquire(name), a.break(name)]);
+    assert.equal(broken, 1);
+    assert.equal(lease.lost, true);
+    assert.equal(lease.lostReason, 'broken');
+  });
+
+  test('client.break ends every lease on a name', async () => {
+    const [a, b] = [await client(), await client()];
+    const name = unique('brk2');
+    const l1 = await a.tryAcquire(name, { mode: 'shared' });
+    const l2 = await b.tryAcquire(name, { mode: 'shared' });
+    assert.equal(await b.break(name), 2);
+    assert.equal((await l1.ended).reason, 'broken');
+    assert.equal((await l2.ended).reason, 'broken');
+    assert.equal(await a.break(name), 0);
+  });
+
+  test('an AbortSignal cancels a waiting acquire', async () => {
+    const [a, b] = [await client(), await client()];
+    const name = unique('cancel');
+    const held = await a.tryAcquire(name);
+    const ctl = new AbortController();
+    const waiting = b.acquire(name, { signal: ctl.signal });
+    await waitFor(async () => (await b.list()).find((s) => s.session === b.session).waiting.length === 1,
+      { what: 'the acquire to wait' });
+    ctl.abort();
+    await assert.rejects(waiting, { name: 'AbortError' });
+    const mine = (await b.list()).find((s) => s.session === b.session);
+    assert.deepEqual(mine.waiting, []);
+
+    await assert.rejects(b.acquire(name, { signal: AbortSignal.timeout(100) }), { name: 'TimeoutError' });
+    await assert.rejects(b.acquire(name, { signal: AbortSignal.abort() }), { name: 'AbortError' });
+
+    await held.release();
+    const lease = await b.acquire(name, { signal: AbortSignal.timeout(5000) });
+    assert.ok(lease, 'the name can be acquired again after a cancel');
+  });
+
+  test('agent errors are AgentErrors carrying the protocol code', async () => {
+    const a = await client();
+    const name = unique('err');
+    const lease = await a.tryAcquire(name);
+
+    const held = await a.tryAcquire(name).catch((e) => e);
+    assert.ok(held instanceof AgentError);
+    assert.ok(held instanceof LockAgentError);
+    assert.ok(held instanceof Error);
+    assert.equal(held.code, 'already_held');
+    assert.equal(held.op, 'acquire');
+    assert.equal(held.lease, lease, 'already_held carries the lease the session holds');
+
+    await assert.rejects(a.tryAcquire('has space'), { name: 'AgentError', code: 'invalid_name' });
+    await assert.rejects(a.tryAcquire(unique('e'), { limit: 2 }), { code: 'invalid_argument' });
+    await assert.rejects(a.tryAcquire(unique('e'), { ttlMs: 10 }), { code: 'invalid_argument' });
+    await assert.rejects(a.tryAcquire(unique('e'), { meta: 'x'.repeat(300) }), { code: 'invalid_argument' });
+    await assert.rejects(a.request('release', { lease: 'l_nope' }), { code: 'not_held' });
+    await assert.rejects(a.request('frobnicate'), { code: 'unknown_op' });
+    await assert.rejects(a.request('hello'), { code: 'bad_request' });
+    await assert.rejects(connect({ socket: agent.socket, heartbeatMs: 5 }), { code: 'invalid_argument' });
+
+    // A request longer than the agent's line limit is refused before it is
+    // sent, and the connection stays up.
+    const tooLong = await a.tryAcquire(`x/${'y'.repeat(70000)}`).catch((e) => e);
+    assert.ok(tooLong instanceof LockAgentError);
+    assert.equal(tooLong.code, 'line_too_long');
+    assert.equal(a.connected, true);
+    assert.equal(lease.held, true);
+    assert.ok((await a.ping()) >= 0);
+  });
+
+  test('close ends the session: leases released, later calls refused', async () => {
+    const [a, b] = [await client(), await client()];
+    const name = unique('close');
+    const l1 = await a.tryAcquire(name);
+    const l2 = await a.tryAcquire(unique('close'), { scope: 'session' });
+    const closed = new Promise((r) => a.once('close', r));
+    await a.close();
+    await closed;
+    assert.equal(a.closed, true);
+    assert.equal(a.connected, false);
+    assert.equal(l1.released, true);
+    assert.equal(l2.released, true);
+    assert.equal(l1.lost, false);
+    const err = await a.tryAcquire(name).catch((e) => e);
+    assert.ok(err instanceof ConnectionError);
+    assert.equal(err.code, 'connection_closed');
+    assert.ok(await b.tryAcquire(name), 'the lock is free after close');
+    await a.close();
+  });
+
+  test('Symbol.asyncDispose releases a lease and closes a client', async () => {
+    assert.equal(typeof Symbol.asyncDispose, 'symbol', 'this Node has Symbol.asyncDispose');
+    const a = await client();
+    const lease = await a.tryAcquire(unique('dispose'));
+    await lease[Symbol.asyncDispose]();
+    assert.equal(lease.released, true);
+    await a[Symbol.asyncDispose]();
+    assert.equal(a.closed, true);
+  });
+
+  test('heartbeats are sent on their own: an idle client keeps its locks', async () => {
+    const a = await client({ heartbeatMs: 400 });
+    const lease = await a.tryAcquire(unique('hb'));
+    // Five heartbeat periods of idleness: the agent would have dropped a
+    // silent connection after one.
+    await new Promise((r) => setTimeout(r, 2000));
+    assert.equal(lease.held, true);
+    assert.equal((await lease.check()).held, true);
+  });
+
+  test('a hung process loses its locks through the heartbeat', async () => {
+    const a = await client({ heartbeatMs: 200, reconnect: false });
+    const b = await client();
+    const lease = await a.tryAcquire(unique('hang'));
+    // Block the event loop, as a hung application would: no ping goes out.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500);
+    const err = await lease.ended;
+    assert.equal(err.reason, 'disconnected');
+    assert.equal(a.closed, true, 'without reconnect the client is closed');
+    assert.ok(await b.tryAcquire(lease.name), 'the agent freed the lock');
+  });
+
+  test('reconnect resumes the session: connection leases lost, session leases kept', async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const b = await client();
+    const connLease = await a.tryAcquire(unique('conn'));
+    const sessLease = await a.tryAcquire(unique('sess'), { scope: 'session' });
+    const session = a.session;
+    const events = [];
+    a.on('disconnect', (err) => events.push(['disconnect', err.code]));
+    const reconnected = new Promise((r) => a.once('reconnect', r));
+
+    // Another connection takes the session over: the agent closes a's
+    // connection, exactly as after any break.
+    const raw = await RawConn.connect(agent.socket);
+    const res = await raw.call({ id: 1, op: 'hello', resume: { session, token: a.resumeToken } });
+    assert.equal(res.resumed, true);
+
+    const lost = await connLease.ended;
+    assert.equal(lost.reason, 'disconnected');
+    assert.deepEqual(events[0], ['disconnect', 'connection_closed']);
+    assert.deepEqual(await reconnected, { session, resumed: true });
+    await waitFor(() => raw.ended, { what: 'the agent to close the other connection' });
+    assert.equal(a.connected, true);
+    assert.equal(a.session, session);
+    assert.equal(sessLease.held, true);
+    assert.equal((await sessLease.check()).held, true);
+    assert.ok(await b.tryAcquire(connLease.name), 'the connection lease was freed');
+    assert.equal(await b.tryAcquire(sessLease.name), null, 'the session lease is still held');
+    assert.equal(await sessLease.release(), true);
+  });
+
+  test('events missed while disconnected are delivered on resume', async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const lease = await a.tryAcquire(unique('missed'), { scope: 'session' });
+    const session = a.session;
+    // Hide the socket so that the client cannot reconnect yet, and take
+    // the session over through the hidden path.
+    const hidden = path.join(agent.dir, 'hidden.sock');
+    fs.renameSync(agent.socket, hidden);
+    try {
+      const disconnected = new Promise((r) => a.once('disconnect', r));
+      const raw = await RawConn.connect(hidden);
+      await raw.call({ id: 1, op: 'hello', resume: { session, token: a.resumeToken } });
+      await disconnected;
+      await assert.rejects(a.tryAcquire(unique('x')), { name: 'ConnectionError', code: 'not_connected' });
+      raw.close(); // the session is now detached
+      await waitFor(async () => {
+        const sessions = JSON.parse(await ctlAt(hidden, 'list', '-json')).sessions;
+        return sessions.some((s) => s.session === session && !s.attached);
+      }, { what: 'the session to be detached' });
+      assert.match(await ctlAt(hidden, 'break', lease.name), /1 lease\(s\) broken/);
+      assert.equal(lease.held, true, 'the client cannot know yet');
+    } finally {
+      fs.renameSync(hidden, agent.socket);
+    }
+    const err = await lease.ended;
+    assert.equal(err.reason, 'broken');
+    assert.equal(a.session, session);
+    await a.ready();
+    assert.equal(a.connected, true);
+  });
+
+  /** `lockagent ctl` against another socket path of the shared agent. */
+  function ctlAt(socket, ...args) {
+    return new Promise((resolve, reject) => {
+      execFile(agent.bin, ['ctl', args[0], '-socket', socket, ...args.slice(1)], (err, stdout) => {
+        if (err) reject(err); else resolve(stdout);
+      });
+    });
+  }
+});
+
+describe('agent restarts', () => {
+  test('a SIGTERM sends shutdown: every lease is lost, and the client reconnects to the new agent', async () => {
+    let agent = await Agent.start();
+    const a = await connect({ socket: agent.socket, sessionTtlMs: 10000 });
+    try {
+      const l1 = await a.tryAcquire('restart/1');
+      const l2 = await a.tryAcquire('restart/2', { scope: 'session' });
+      const shutdown = new Promise((r) => a.once('shutdown', r));
+      const reconnected = new Promise((r) => a.once('reconnect', r));
+      await agent.kill('SIGTERM');
+      assert.match(await shutdown, /stopping/);
+      assert.equal((await l1.ended).reason, 'shutdown');
+      assert.equal((await l2.ended).reason, 'shutdown');
+      const oldSession = a.session;
+      agent = await Agent.start({ dir: agent.dir });
+      const info = await reconnected;
+      assert.equal(info.resumed, false, 'the new agent does not know the session');
+      assert.notEqual(info.session, oldSession);
+      const l3 = await a.tryAcquire('restart/1');
+      assert.ok(l3.token > l1.token, 'tokens keep increasing across restarts');
+    } finally {
+      await a.close();
+      await agent.stop();
+    }
+  });
+
+  test('a session the agent forgot is lost as session_expired on resume', async () => {
+    let agent = await Agent.start();
+    const a = await connect({ socket: agent.socket, sessionTtlMs: 10000 });
+    try {
+      const sess = await a.tryAcquire('gone/1', { scope: 'session' });
+      const disconnected = new Promise((r) => a.once('disconnect', r));
+      await agent.kill('SIGKILL');
+      await disconnected;
+      assert.equal(sess.held, true, 'a session lease outlives the connection');
+      const reconnected = new Promise((r) => a.once('reconnect', r));
+      agent = await Agent.start({ dir: agent.dir });
+      assert.equal((await sess.ended).reason, 'session_expired');
+      assert.equal((await reconnected).resumed, false);
+    } finally {
+      await a.close();
+      await agent.stop();
+    }
+  });
+
+  test('permission_denied when the agent has no admins', async () => {
+    const agent = await Agent.start({ config: 'acl {\n  admin_uids = []\n}' });
+    const a = await connect({ socket: agent.socket });
+    try {
+      await assert.rejects(a.break('x/1'), { name: 'AgentError', code: 'permission_denied', op: 'break' });
+      await assert.rejects(a.list({ all: true }), { code: 'permission_denied' });
+    } finally {
+      await a.close();
+      await agent.stop();
+    }
+  });
+});

@@ -1,0 +1,1492 @@
+"""A client of lockagent, the per-host lock agent, in one file.
+
+Python 3.9 or later, standard library only: copy this file into your
+application. It speaks the agent's wire protocol (newline-delimited JSON
+over a Unix socket, see docs/protocol.md) and offers a blocking client,
+:class:`Client`, and an asyncio one, :class:`AsyncClient`, with the same
+methods.
+
+    import lockagent
+
+    with lockagent.Client(client="billing-worker") as client:
+        with client.lock("orders/42", wait=5, meta="invoice run") as lease:
+            write_invoice(order=42, fencing_token=lease.token)
+
+    async with lockagent.AsyncClient(client="billing-worker") as client:
+        async with client.lock("orders/42", wait=5) as lease:
+            await write_invoice(order=42, fencing_token=lease.token)
+
+Durations given to the client (``wait``, ``ttl``, ``session_ttl``,
+``heartbeat``, ``timeout``) are in seconds, as floats or ints. Results keep
+the protocol's names and units (``ttl_ms``, ``expires_in_ms``).
+
+The socket is found like the agent and ``lockagent ctl`` find it: an
+explicit path, else ``LOCKAGENT_SOCKET``, else the default path (see
+:func:`default_socket_path`).
+
+Losing a lease
+--------------
+A lease can end without a release: an admin breaks it, the agent cannot
+renew it, the agent stops, or the connection breaks. **A broken connection
+means every connection-scoped lease is lost**, at once, whether or not the
+client reconnects. Session-scoped leases survive a broken connection when
+the session has a grace period (``session_ttl`` > 0): the client
+reconnects and resumes the session, and only loses them if the resume is
+refused. Each lease tells it in three ways:
+
+- poll: ``lease.lost`` (and ``lease.lost_reason``), or
+  ``lease.raise_if_lost()`` before a write;
+- wait: ``lease.wait_lost(timeout)`` (``await lease.wait_lost()`` with
+  asyncio);
+- callback: ``lease.add_lost_callback(fn)``, called with the lease.
+
+A lost lease may still be in use by a process that has not looked yet (a
+pause, a slow disk). Pass ``lease.token``, the fencing token, to whatever
+the lock protects, and have it refuse tokens smaller than the largest it
+has seen.
+"""
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+
+__all__ = [
+    "AgentConnectionError",
+    "AgentTimeout",
+    "AlreadyHeld",
+    "AsyncClient",
+    "AsyncLease",
+    "BackendUnavailable",
+    "BadRequest",
+    "CheckResult",
+    "Canceled",
+    "Client",
+    "ForeignKey",
+    "Holder",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidName",
+    "Lease",
+    "LeaseLost",
+    "LimitExceeded",
+    "LineTooLong",
+    "LockInfo",
+    "LockagentError",
+    "NotAcquired",
+    "NotHeld",
+    "PermissionDenied",
+    "ProtocolError",
+    "SessionExpired",
+    "ShuttingDown",
+    "UnknownOp",
+    "default_socket_path",
+    "socket_path",
+]
+
+__version__ = "0.1.0"
+
+#: The protocol version this client speaks.
+PROTOCOL_VERSION = 1
+
+#: Seconds the client waits for an answer, and for a connection, by default.
+DEFAULT_TIMEOUT = 10.0
+
+# Why a lease was lost. The first four come from the agent's `lost` event;
+# the others are the client's own.
+#: The backend no longer has the lease, or its deadline passed unrenewed.
+EXPIRED = "expired"
+#: A renewal found another lease holding the name.
+TAKEN_OVER = "taken_over"
+#: An admin ended it (``lockagent ctl break``).
+BROKEN = "broken"
+#: Renewals failed until the lease's deadline.
+BACKEND_UNAVAILABLE = "backend_unavailable"
+#: The connection to the agent broke; the lease's scope ended with it.
+CONNECTION_LOST = "connection_lost"
+#: The session could not be resumed after the connection broke.
+SESSION_EXPIRED = "session_expired"
+#: The agent is stopping and releases every lease.
+SHUTDOWN = "shutdown"
+
+_log = logging.getLogger("lockagent")
+
+
+def default_socket_path(euid=None, environ=None):
+    """Return the agent's default socket path, as the agent computes it.
+
+    ``/run/lockagent/agent.sock`` for root and systemd services, else
+    ``$XDG_RUNTIME_DIR/lockagent.sock``, else ``lockagent-UID.sock`` in
+    ``$TMPDIR`` (``/tmp``). ``euid`` and ``environ`` default to the
+    process's own.
+    """
+    if euid is None:
+        euid = os.geteuid()
+    if environ is None:
+        environ = os.environ
+    if euid == 0 or environ.get("INVOCATION_ID") or environ.get("NOTIFY_SOCKET"):
+        return "/run/lockagent/agent.sock"
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime):
+        return os.path.normpath(os.path.join(runtime, "lockagent.sock"))
+    tmp = environ.get("TMPDIR") or "/tmp"
+    return os.path.normpath(os.path.join(tmp, "lockagent-%d.sock" % euid))
+
+
+def socket_path(path=None, environ=None):
+    """Return ``path`` if given, else ``$LOCKAGENT_SOCKET``, else the default."""
+    if path:
+        return os.fspath(path)
+    if environ is None:
+        environ = os.environ
+    return environ.get("LOCKAGENT_SOCKET") or default_socket_path(environ=environ)
+
+
+# ---------------------------------------------------------------- errors
+
+
+class LockagentError(Exception):
+    """The base of every error this module raises."""
+
+
+class AgentConnectionError(LockagentError, ConnectionError):
+    """The agent cannot be reached, or the connection ended before an answer."""
+
+
+class _NotSent(AgentConnectionError):
+    """A request that never reached the agent: its connection had ended."""
+
+
+class AgentTimeout(LockagentError, TimeoutError):
+    """The agent did not answer within the client's timeout."""
+
+
+class NotAcquired(LockagentError):
+    """An acquire was denied: ``reason`` is ``held`` (a try) or ``timeout``.
+
+    ``holders`` lists the live leases on the name when it was denied
+    (:class:`Holder`); it may be empty.
+    """
+
+    def __init__(self, name, reason, holders):
+        super().__init__("%s not acquired (%s)" % (name, reason))
+        self.name = name
+        self.reason = reason
+        self.holders = holders
+
+
+class LeaseLost(LockagentError):
+    """Raised by :meth:`Lease.raise_if_lost` for a lease that was lost."""
+
+    def __init__(self, lease):
+        super().__init__("lease %s on %s (token %d) was lost: %s"
+                         % (lease.id, lease.name, lease.token, lease.lost_reason))
+        self.lease = lease
+        self.reason = lease.lost_reason
+
+
+class ProtocolError(LockagentError):
+    """The agent answered a request with an error.
+
+    ``code`` is the protocol's stable error code (a subclass exists for each
+    known one), ``message`` the agent's text, ``error`` the whole error
+    object as sent.
+    """
+
+    code = None
+
+    def __init__(self, code, message, error=None):
+        super().__init__("%s: %s" % (code, message))
+        self.code = code
+        self.message = message
+        self.error = error if error is not None else {"code": code, "message": message}
+
+
+class BadRequest(ProtocolError):
+    """``bad_request``: the agent could not read the request."""
+
+
+class UnknownOp(ProtocolError):
+    """``unknown_op``: the agent does not know this op."""
+
+
+class LineTooLong(ProtocolError):
+    """``line_too_long``: the request line was too long; the agent closed the connection."""
+
+
+class InvalidName(ProtocolError):
+    """``invalid_name``: a lock name that is empty, too long or has a forbidden character."""
+
+
+class InvalidArgument(ProtocolError):
+    """``invalid_argument``: an argument of the wrong type or out of bounds."""
+
+
+class NotHeld(ProtocolError):
+    """``not_held``: the lease (or campaign) is not this session's."""
+
+
+class AlreadyHeld(ProtocolError):
+    """``already_held``: the session already holds the name.
+
+    ``lease`` is the client's :class:`Lease` for it, when the client knows
+    it; ``error["lease"]`` has the fields the agent sent.
+    """
+
+    lease = None
+
+
+class Canceled(ProtocolError):
+    """``canceled``: a waiting acquire was cancelled, or its session ended."""
+
+
+class PermissionDenied(ProtocolError):
+    """``permission_denied``: the agent's ACL denies this peer."""
+
+
+class LimitExceeded(ProtocolError):
+    """``limit_exceeded``: too many sessions, leases or waiters."""
+
+
+class SessionExpired(ProtocolError):
+    """``session_expired``: the session to resume is unknown or has ended."""
+
+
+class BackendUnavailable(ProtocolError):
+    """``backend_unavailable``: the agent could not reach its backend."""
+
+
+class ForeignKey(ProtocolError):
+    """``foreign_key``: the backend holds data for the lock that the agent did not write."""
+
+
+class ShuttingDown(ProtocolError):
+    """``shutting_down``: the agent is stopping."""
+
+
+class InternalError(ProtocolError):
+    """``internal``: an unexpected error in the agent."""
+
+
+_ERRORS = {
+    "bad_request": BadRequest,
+    "unknown_op": UnknownOp,
+    "line_too_long": LineTooLong,
+    "invalid_name": InvalidName,
+    "invalid_argument": InvalidArgument,
+    "not_held": NotHeld,
+    "already_held": AlreadyHeld,
+    "canceled": Canceled,
+    "permission_denied": PermissionDenied,
+    "limit_exceeded": LimitExceeded,
+    "session_expired": SessionExpired,
+    "backend_unavailable": BackendUnavailable,
+    "foreign_key": ForeignKey,
+    "shutting_down": ShuttingDown,
+    "internal": InternalError,
+}
+
+
+# ---------------------------------------------------------------- results
+
+#: A live lease on a name, as a denied acquire or :meth:`Client.inspect` reports it.
+Holder = collections.namedtuple("Holder", "mode token meta host expires_in_ms")
+
+#: What :meth:`Client.inspect` reports about a name.
+LockInfo = collections.namedtuple("LockInfo", "locked mode holders last_token")
+
+#: What :meth:`Lease.check` reports: confirmed with the backend at the time of the call.
+CheckResult = collections.namedtuple("CheckResult", "held token expires_in_ms")
+
+
+def _holders(raw):
+    return [Holder(h.get("mode"), h.get("token"), h.get("meta", ""), h.get("host", ""),
+                   h.get("expires_in_ms")) for h in raw or ()]
+
+
+def _ms(seconds, what):
+    """Convert a duration in seconds to whole milliseconds, rounding up."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError("%s must be a number of seconds, not %r" % (what, seconds))
+    if seconds < 0:
+        raise ValueError("%s must not be negative" % what)
+    return int(math.ceil(seconds * 1000))
+
+
+def _wait_ms(wait):
+    """``wait`` in seconds (None or -1: without a limit) as the protocol's ``wait_ms``."""
+    if wait is None or wait == -1:
+        return -1
+    return _ms(wait, "wait")
+
+
+# ---------------------------------------------------------------- leases
+
+
+class _LeaseBase:
+    """The state of a lease, shared by :class:`Lease` and :class:`AsyncLease`."""
+
+    def __init__(self, client, fields, meta):
+        self._client = client
+        #: The lease id: names the lease in release, check and lost events.
+        self.id = fields["lease"]
+        #: The lock's name.
+        self.name = fields.get("name")
+        #: ``exclusive`` or ``shared``.
+        self.mode = fields.get("mode", "exclusive")
+        #: ``connection`` or ``session``.
+        self.scope = fields.get("scope", "connection")
+        #: The fencing token: larger for every later grant of the name.
+        self.token = fields.get("token")
+        #: The backend lease duration, in milliseconds (the agent renews it).
+        self.ttl_ms = fields.get("ttl_ms")
+        #: The ``meta`` given to the acquire.
+        self.meta = meta or ""
+        self._ended = False
+        self._lost_reason = None
+        self._callbacks = []
+        self._mu = threading.Lock()
+
+    def __repr__(self):
+        state = "lost: %s" % self._lost_reason if self._lost_reason else (
+            "ended" if self._ended else "held")
+        return "<%s %s %s token=%s %s, %s>" % (type(self).__name__, self.name, self.mode,
+                                               self.token, self.scope, state)
+
+    @property
+    def lost(self):
+        """True once the lease is lost. Stop using what it protects."""
+        return self._lost_reason is not None
+
+    @property
+    def lost_reason(self):
+        """Why the lease was lost (``expired``, ``broken``, ``connection_lost``…), or None."""
+        return self._lost_reason
+
+    @property
+    def active(self):
+        """True while the lease is neither released nor lost, as far as the client knows."""
+        return not self._ended
+
+    def raise_if_lost(self):
+        """Raise :class:`LeaseLost` if the lease was lost."""
+        if self._lost_reason is not None:
+            raise LeaseLost(self)
+
+    def add_lost_callback(self, fn):
+        """Call ``fn(lease)`` when the lease is lost; at once if it already is.
+
+        Callbacks are not called for a lease that is released. They run on
+        the client's reader (a thread, or the event loop for asyncio): keep
+        them short, and make no blocking request from them.
+        """
+        with self._mu:
+            if not self._ended:
+                self._callbacks.append(fn)
+                return
+        if self._lost_reason is not None:
+            _run_callback(fn, self)
+
+    def _end(self, lost_reason):
+        """Mark the lease ended: lost with ``lost_reason``, or released if None."""
+        with self._mu:
+            if self._ended:
+                return
+            self._ended = True
+            self._lost_reason = lost_reason
+            callbacks, self._callbacks = self._callbacks, []
+        self._signal()
+        if lost_reason is not None:
+            for fn in callbacks:
+                _run_callback(fn, self)
+
+    def _signal(self):
+        raise NotImplementedError
+
+    def _check_result(self, result):
+        return CheckResult(bool(result.get("held")), result.get("token", self.token),
+                           result.get("expires_in_ms", 0))
+
+
+def _run_callback(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # a callback's bug must not stop the client's reader
+        _log.exception("lockagent: callback %r failed", fn)
+
+
+class Lease(_LeaseBase):
+    """A granted lock, held through a :class:`Client`.
+
+    A context manager: leaving the ``with`` block releases it.
+    """
+
+    def __init__(self, client, fields, meta):
+        super().__init__(client, fields, meta)
+        self._lost_event = threading.Event()
+
+    def _signal(self):
+        self._lost_event.set()
+
+    def wait_lost(self, timeout=None):
+        """Block until the lease is lost or released, up to ``timeout`` seconds.
+
+        Returns True if the lease was lost.
+        """
+        self._lost_event.wait(timeout)
+        return self.lost
+
+    def release(self):
+        """Release the lease. Returns False if it had already ended."""
+        if self._ended:
+            return False
+        try:
+            self._client._call("release", {"lease": self.id})
+        except NotHeld:
+            # Lost meanwhile: the agent's lost event is on its way.
+            return False
+        self._end(None)
+        return True
+
+    def check(self):
+        """Ask the agent to confirm with the backend that the lease is held.
+
+        Returns a :class:`CheckResult`; ``held`` is False (and the lease
+        lost) if it is not.
+        """
+        if self._ended:
+            return CheckResult(False, self.token, 0)
+        try:
+            result = self._client._call("check", {"lease": self.id})
+        except NotHeld:
+            return CheckResult(False, self.token, 0)
+        return self._check_result(result)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.release()
+        except LockagentError:
+            if exc[0] is None:
+                raise
+        return False
+
+
+class AsyncLease(_LeaseBase):
+    """A granted lock, held through an :class:`AsyncClient`.
+
+    An async context manager: leaving the ``async with`` block releases it.
+    """
+
+    def __init__(self, client, fields, meta):
+        super().__init__(client, fields, meta)
+        self._lost_event = asyncio.Event()
+
+    def _signal(self):
+        self._lost_event.set()
+
+    async def wait_lost(self, timeout=None):
+        """Wait until the lease is lost or released, up to ``timeout`` seconds.
+
+        Returns True if the lease was lost.
+        """
+        try:
+            await asyncio.wait_for(self._lost_event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self.lost
+
+    async def release(self):
+        """Release the lease. Returns False if it had already ended."""
+        if self._ended:
+            return False
+        try:
+            await self._client._call("release", {"lease": self.id})
+        except NotHeld:
+            return False
+        self._end(None)
+        return True
+
+    async def check(self):
+        """Ask the agent to confirm with the backend that the lease is held."""
+        if self._ended:
+            return CheckResult(False, self.token, 0)
+        try:
+            result = await self._client._call("check", {"lease": self.id})
+        except NotHeld:
+            return CheckResult(False, self.token, 0)
+        return self._check_result(result)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        try:
+            await self.release()
+        except LockagentError:
+            if exc[0] is None:
+                raise
+        return False
+
+
+# ---------------------------------------------------------------- shared logic
+
+
+class _Pending:
+    """A request waiting for its answer."""
+
+    __slots__ = ("key", "op", "arg", "meta", "waits", "response", "lease", "abandoned", "done")
+
+    def __init__(self, key, op, arg=None, meta=None, waits=False):
+        self.key = key
+        self.op = op
+        self.arg = arg  # the name of an acquire, the lease id of a release
+        self.meta = meta
+        self.waits = waits  # an acquire that waits: cancel it if abandoned
+        self.response = None
+        self.lease = None
+        self.abandoned = False
+        self.done = None  # a threading.Event or an asyncio.Future
+
+
+class _Core:
+    """What both clients share: the session, the leases, events and answers.
+
+    The transport (a thread and a socket, or asyncio streams) is the
+    subclass's. Every method here runs without blocking.
+    """
+
+    _lease_class = None
+
+    def __init__(self, path, client, session_ttl, heartbeat, auto_heartbeat, reconnect,
+                 timeout, on_event):
+        self.path = socket_path(path)
+        self.client_name = client
+        self.session_ttl = session_ttl
+        self.heartbeat = heartbeat
+        self.auto_heartbeat = auto_heartbeat
+        self.reconnect = reconnect
+        self.timeout = timeout
+        self.on_event = on_event
+        #: The session id (changes when a new session replaces an expired one).
+        self.session = None
+        #: The secret that resumes the session.
+        self.resume_token = None
+        #: True if the current connection resumed the session.
+        self.resumed = False
+        #: The agent's description from ``hello``: version, backend, limits.
+        self.agent = None
+        self._hello = {"version": PROTOCOL_VERSION}
+        if client:
+            self._hello["client"] = client
+        if session_ttl:
+            self._hello["session_ttl_ms"] = _ms(session_ttl, "session_ttl")
+        if heartbeat:
+            self._hello["heartbeat_ms"] = _ms(heartbeat, "heartbeat")
+        self._mu = threading.Lock()
+        self._leases = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def _next_id(self):
+        return str(next(self._ids))
+
+    def _hello_args(self, resume):
+        args = dict(self._hello)
+        if resume:
+            args["resume"] = {"session": self.session, "token": self.resume_token}
+        return args
+
+    def _resumable(self):
+        return bool(self.session_ttl) and self.reconnect and self.session is not None
+
+    def _apply_hello(self, result):
+        self.session = result.get("session")
+        self.resume_token = result.get("resume_token")
+        self.resumed = bool(result.get("resumed"))
+        self.agent = result.get("agent")
+
+    def _acquire_args(self, name, wait, shared, limit, scope, ttl, meta):
+        args = {"name": name, "wait_ms": _wait_ms(wait)}
+        if shared:
+            args["mode"] = "shared"
+        if limit is not None:
+            args["limit"] = limit
+        if scope is not None:
+            args["scope"] = scope
+        if ttl is not None:
+            args["ttl_ms"] = _ms(ttl, "ttl")
+        if meta:
+            args["meta"] = meta
+        return args
+
+    def _line(self, msg):
+        """``msg`` as a request line; too long for the agent: LineTooLong, unsent."""
+        data = _encode(msg)
+        limit = (self.agent or {}).get("max_line_bytes")
+        if limit and len(data) - 1 > limit:
+            raise LineTooLong("line_too_long", "the %s request is %d bytes; the agent reads at "
+                              "most %d" % (msg.get("op"), len(data) - 1, limit))
+        return data
+
+    def _call_timeout(self, op, args):
+        """The client's own bound on waiting for an answer; None: no bound."""
+        if self.timeout is None:
+            return None
+        wait_ms = args.get("wait_ms", 0) if op == "acquire" else 0
+        if wait_ms < 0:
+            return None
+        return self.timeout + wait_ms / 1000.0
+
+    def _error(self, msg):
+        err = msg.get("error") or {}
+        code = err.get("code", "internal")
+        exc = _ERRORS.get(code, ProtocolError)(code, err.get("message", ""), err)
+        if isinstance(exc, AlreadyHeld):
+            lease_id = (err.get("lease") or {}).get("lease")
+            with self._mu:
+                exc.lease = self._leases.get(lease_id)
+        return exc
+
+    def _on_response(self, pending, msg):
+        """Take an answer in. Returns a request to send (a release) or None.
+
+        Runs on the reader, so that a lease is known before any event about
+        it is read.
+        """
+        ok = bool(msg.get("ok"))
+        granted = pending.op == "acquire" and ok and msg.get("acquired")
+        if pending.abandoned:
+            # Nobody waits for this grant any more: give it back.
+            return {"op": "release", "lease": msg["lease"]} if granted else None
+        if granted:
+            lease = self._lease_class(self, msg, pending.meta)
+            with self._mu:
+                self._leases[lease.id] = lease
+            pending.lease = lease
+        elif pending.op == "release" and ok:
+            self._end_leases(lambda lease: lease.id == pending.arg, None)
+        elif pending.op == "bye" and ok:
+            self._end_leases(lambda lease: True, None)
+        return None
+
+    def _abandoned(self, pending):
+        """A request to send for a request whose caller gave up, or None.
+
+        Marks an unanswered request abandoned (its grant, if one comes, is
+        released on arrival) and cancels it if it waits; gives back a lease
+        granted to a caller that stopped waiting just as it came.
+        """
+        if pending.response is None:
+            pending.abandoned = True
+            return {"op": "cancel", "target": pending.key} if pending.waits else None
+        if pending.lease is not None:
+            return {"op": "release", "lease": pending.lease.id}
+        return None
+
+    def _result(self, pending):
+        """The outcome of an answered request: a result, or an exception raised."""
+        msg = pending.response
+        if not msg.get("ok"):
+            raise self._error(msg)
+        if pending.op == "acquire":
+            if pending.lease is not None:
+                return pending.lease
+            raise NotAcquired(pending.arg, msg.get("reason"), _holders(msg.get("holders")))
+        return msg
+
+    def _on_event(self, msg):
+        kind = msg.get("event")
+        if kind == "lost":
+            with self._mu:
+                lease = self._leases.pop(msg.get("lease"), None)
+            if lease is not None:
+                lease._end(msg.get("reason") or EXPIRED)
+        elif kind == "shutdown":
+            self._end_leases(lambda lease: True, SHUTDOWN)
+        if self.on_event is not None:
+            _run_callback(self.on_event, msg)
+
+    def _end_leases(self, which, reason):
+        """End the leases for which ``which(lease)`` is true."""
+        with self._mu:
+            ended = [lease for lease in self._leases.values() if which(lease)]
+            for lease in ended:
+                del self._leases[lease.id]
+        for lease in ended:
+            lease._end(reason)
+
+    def _connection_ended(self):
+        """The connection broke: its leases are lost, and the session's too
+        unless it will be resumed."""
+        if self._resumable() and not self._closed:
+            self._end_leases(lambda lease: lease.scope != "session", CONNECTION_LOST)
+        else:
+            self._end_leases(lambda lease: True, CONNECTION_LOST)
+
+    def _session_leases(self):
+        with self._mu:
+            return [lease for lease in self._leases.values() if lease.scope == "session"]
+
+    def _forget(self, lease):
+        """A resumed session no longer has ``lease``, and no event said why
+        (it was sent to the connection that broke): it is lost."""
+        self._end_leases(lambda known: known is lease, EXPIRED)
+
+    def _resume_refused(self):
+        self._end_leases(lambda lease: True, SESSION_EXPIRED)
+        self.session = self.resume_token = None
+
+    @property
+    def leases(self):
+        """The leases the client holds, as far as it knows."""
+        with self._mu:
+            return list(self._leases.values())
+
+    @property
+    def closed(self):
+        """True once :meth:`close` was called, or the connection ended for good."""
+        return self._closed
+
+
+def _encode(msg):
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def _decode(line):
+    """A line from the agent as a dict, or None for a blank or unreadable line."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        msg = json.loads(line.decode("utf-8"))
+    except ValueError:
+        _log.warning("lockagent: unreadable line from the agent: %r", line[:200])
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+
+# ---------------------------------------------------------------- blocking client
+
+# Set on a client's reader threads: a request made there would wait for
+# the thread itself.
+_reader_thread = threading.local()
+
+
+class _SyncConn:
+    """One connection to the agent, read by its own thread."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.wmu = threading.Lock()
+        self.pending = {}  # request id -> _Pending, guarded by the client's _answer_mu
+        self.dead = False
+        self.reader = None
+
+    def send(self, data):
+        with self.wmu:
+            self.sock.sendall(data)
+
+    def kill(self):
+        """Break the connection; its reader sees the end and cleans up."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class Client(_Core):
+    """A blocking client of the agent; safe to share between threads.
+
+    It connects and says ``hello`` at once (raising
+    :class:`AgentConnectionError` if the agent cannot be reached), reads
+    the agent's answers and events on a thread of its own, and reconnects
+    when the connection breaks.
+
+    - ``path``: the socket; default ``$LOCKAGENT_SOCKET``, else the default path.
+    - ``client``: a name shown by ``lockagent ctl list``.
+    - ``session_ttl``: seconds the session outlives a broken connection.
+      With it, session-scoped leases survive a reconnect: the client
+      resumes the session. 0 (default): the session ends with its
+      connection, and every lease with it.
+    - ``heartbeat``: seconds without a line after which the agent treats
+      the connection as dropped. The client then pings every third of it
+      on a thread of its own, unless ``auto_heartbeat`` is False: then the
+      application must call :meth:`ping` often enough, so that a hung
+      application loses its connection-scoped locks.
+    - ``reconnect``: reconnect when the connection breaks (default True).
+      Requests made meanwhile wait for the new connection, up to
+      ``timeout``. False: the client is closed when its connection breaks.
+    - ``timeout``: seconds to wait for the agent's answer (beyond an
+      acquire's own ``wait``) and for a connection; None: no limit.
+    - ``on_event``: called with every event the agent sends (a dict), on
+      the client's reader thread.
+    """
+
+    _lease_class = Lease
+
+    def __init__(self, path=None, *, client="", session_ttl=0, heartbeat=None,
+                 auto_heartbeat=True, reconnect=True, timeout=DEFAULT_TIMEOUT, on_event=None):
+        super().__init__(path, client, session_ttl, heartbeat, auto_heartbeat, reconnect,
+                         timeout, on_event)
+        self._cond = threading.Condition(self._mu)
+        self._answer_mu = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = []
+        self._conn = self._open()
+        if heartbeat and auto_heartbeat:
+            self._start_thread(self._beat, "lockagent-heartbeat")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def connected(self):
+        """True while the client has a connection to the agent."""
+        return self._conn is not None
+
+    # -- ops
+
+    def acquire(self, name, *, wait=0, shared=False, limit=None, scope=None, ttl=None,
+                meta=None):
+        """Acquire the lock ``name`` and return its :class:`Lease`.
+
+        - ``wait``: 0 (default) tries once; N waits up to N seconds; None
+          waits until granted.
+        - ``shared``: a shared lock instead of an exclusive one; ``limit``
+          caps the shared holders (a counting semaphore).
+        - ``scope``: ``"connection"`` (default) or ``"session"``.
+        - ``ttl``: the backend lease duration in seconds (the agent's default if None).
+        - ``meta``: text shown to ``inspect`` and ``lockagent ctl list``.
+
+        Raises :class:`NotAcquired` if the lock is held (a try) or the wait
+        ran out, and :class:`AlreadyHeld` if this session holds it already.
+        """
+        args = self._acquire_args(name, wait, shared, limit, scope, ttl, meta)
+        return self._call("acquire", args, arg=name, meta=meta)
+
+    def lock(self, name, **kwargs):
+        """Acquire ``name`` for a ``with`` block, which releases it at its end.
+
+        Takes the arguments of :meth:`acquire`::
+
+            with client.lock("orders/42", wait=5) as lease:
+                ...
+        """
+        return self.acquire(name, **kwargs)
+
+    def inspect(self, name):
+        """Who holds ``name``: a :class:`LockInfo`."""
+        r = self._call("inspect", {"name": name})
+        return LockInfo(bool(r.get("locked")), r.get("mode"), _holders(r.get("holders")),
+                        r.get("last_token", 0))
+
+    def list_sessions(self, all=False):
+        """The sessions of this uid (every session with ``all``, for admins), as dicts."""
+        return self._call("list", {"all": True} if all else {}).get("sessions", [])
+
+    def break_lock(self, name):
+        """End every lease on ``name`` (admins only); returns how many ended."""
+        return self._call("break", {"name": name}).get("broken", 0)
+
+    def ping(self):
+        """Ask the agent for a pong; keeps a heartbeat alive."""
+        self._call("ping", {})
+
+    def call(self, op, **args):
+        """Send any op with ``args`` and return the agent's answer as a dict."""
+        return self._call(op, args)
+
+    def close(self):
+        """End the session (``bye``: every lease is released) and the connection.
+
+        Not to be called from a callback.
+        """
+        self._not_on_reader()
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            conn = self._conn
+            self._cond.notify_all()
+        self._stop.set()
+        if conn is not None:
+            self._bye(conn)
+        for t in self._threads:
+            t.join(self.timeout)
+
+    # -- transport
+
+    def _start_thread(self, target, name, *args):
+        t = threading.Thread(target=target, name=name, args=args, daemon=True)
+        self._threads = [old for old in self._threads if old.is_alive()]
+        self._threads.append(t)
+        t.start()
+        return t
+
+    def _not_on_reader(self):
+        if getattr(_reader_thread, "client", None) is self:
+            raise RuntimeError("lockagent: a request from a callback would block the client's "
+                               "reader; hand the work to another thread")
+
+    def _open(self):
+        """Connect and say hello, resuming the session if it can."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.path)
+            sock.settimeout(None)
+        except OSError as e:
+            sock.close()
+            raise AgentConnectionError("cannot connect to the agent at %s: %s"
+                                       % (self.path, e)) from e
+        conn = _SyncConn(sock)
+        conn.reader = self._start_thread(self._read, "lockagent-reader", conn)
+        try:
+            if self._resumable():
+                try:
+                    result = self._call_on(conn, "hello", self._hello_args(True))
+                except SessionExpired:
+                    self._resume_refused()
+                    result = self._call_on(conn, "hello", self._hello_args(False))
+            else:
+                result = self._call_on(conn, "hello", self._hello_args(False))
+            self._apply_hello(result)
+            if self.resumed:
+                for lease in self._session_leases():
+                    try:
+                        self._call_on(conn, "check", {"lease": lease.id})
+                    except NotHeld:
+                        self._forget(lease)
+        except BaseException:
+            conn.kill()
+            raise
+        return conn
+
+    def _read(self, conn):
+        _reader_thread.client = self
+        try:
+            with conn.sock.makefile("rb") as f:
+                for line in f:
+                    msg = _decode(line)
+                    if msg is None:
+                        continue
+                    if "event" in msg and "id" not in msg:
+                        self._on_event(msg)
+                    else:
+                        self._on_answer(conn, msg)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._on_conn_end(conn)
+
+    def _on_answer(self, conn, msg):
+        key = msg.get("id")
+        with self._answer_mu:
+            pending = conn.pending.pop(key, None) if isinstance(key, str) else None
+            if pending is None:
+                return
+            send = self._on_response(pending, msg)
+            pending.response = msg
+        pending.done.set()
+        if send is not None:
+            self._send_quiet(conn, send)
+
+    def _on_conn_end(self, conn):
+        with self._answer_mu:
+            conn.dead = True
+            pending, conn.pending = conn.pending, {}
+        conn.sock.close()
+        for p in pending.values():
+            p.done.set()  # no response: the caller raises AgentConnectionError
+        with self._cond:
+            active = self._conn is conn
+            if active:
+                self._conn = None
+        if not active:
+            return
+        self._connection_ended()
+        if self.reconnect and not self._closed:
+            self._reconnect()
+        else:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._stop.set()
+
+    def _reconnect(self):
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                conn = self._open()
+            except LockagentError as e:
+                _log.info("lockagent: reconnecting to %s: %s", self.path, e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            with self._cond:
+                if not self._closed:
+                    self._conn = conn
+                    self._cond.notify_all()
+                    return
+            self._bye(conn)  # closed meanwhile
+            return
+
+    def _bye(self, conn):
+        try:
+            self._call_on(conn, "bye", {})
+        except LockagentError:
+            pass
+        conn.kill()
+
+    def _beat(self):
+        while not self._stop.wait(self.heartbeat / 3.0):
+            conn = self._conn
+            if conn is not None:
+                self._send_quiet(conn, {"op": "ping"})
+
+    def _send_quiet(self, conn, msg):
+        """Send a request whose answer nobody waits for."""
+        try:
+            conn.send(_encode(dict(msg, id=self._next_id())))
+        except OSError:
+            conn.kill()
+
+    def _connection(self, broken=None):
+        """The current connection (other than ``broken``), waiting up to the
+        timeout for a reconnect."""
+        self._not_on_reader()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        with self._cond:
+            while self._conn is None or self._conn is broken:
+                if self._closed:
+                    raise AgentConnectionError("the client is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise AgentConnectionError("not connected to the agent at %s" % self.path)
+                self._cond.wait(remaining)
+            return self._conn
+
+    def _call(self, op, args, arg=None, meta=None):
+        conn = self._connection()
+        while True:
+            try:
+                return self._call_on(conn, op, args, arg, meta)
+            except _NotSent:
+                if not self.reconnect:
+                    raise
+            # The connection broke before the request could reach the agent:
+            # send it on the next one.
+            conn = self._connection(broken=conn)
+
+    def _call_on(self, conn, op, args, arg=None, meta=None):
+        key = self._next_id()
+        msg = {"id": key, "op": op}
+        msg.update(args)
+        data = self._line(msg)
+        pending = _Pending(key, op, arg, meta, waits=op == "acquire" and args.get("wait_ms", 0) != 0)
+        pending.done = threading.Event()
+        with self._answer_mu:
+            if conn.dead:
+                raise _NotSent("the connection to the agent ended")
+            conn.pending[key] = pending
+        try:
+            conn.send(data)
+        except OSError as e:
+            # sendall failed: the line's end, at least, never left.
+            with self._answer_mu:
+                conn.pending.pop(key, None)
+            conn.kill()
+            raise _NotSent("sending %s to the agent: %s" % (op, e)) from e
+        timeout = self._call_timeout(op, args)
+        try:
+            answered = pending.done.wait(timeout)
+        except BaseException:  # KeyboardInterrupt: give up the request
+            self._abandon(conn, pending)
+            raise
+        if not answered:
+            self._abandon(conn, pending)
+            raise AgentTimeout("the agent did not answer %s within %.1fs" % (op, timeout))
+        if pending.response is None:
+            raise AgentConnectionError("the connection to the agent ended before the answer "
+                                       "to %s" % op)
+        return self._result(pending)
+
+    def _abandon(self, conn, pending):
+        with self._answer_mu:
+            send = self._abandoned(pending)
+        if send is not None:
+            self._send_quiet(conn, send)
+
+
+# ---------------------------------------------------------------- asyncio client
+
+
+class _AsyncConn:
+    """One connection to the agent, read by its own task."""
+
+    def __init__(self, reader, writer):
+        self.reader = reader
+        self.writer = writer
+        self.pending = {}  # request id -> _Pending
+        self.dead = False
+        self.task = None
+        self.drain_lock = asyncio.Lock()
+
+    async def send(self, data):
+        self.writer.write(data)
+        async with self.drain_lock:
+            await self.writer.drain()
+
+    def kill(self):
+        """Break the connection; its reader sees the end and cleans up."""
+        self.writer.transport.abort()
+
+
+class _AsyncLockContext:
+    """What :meth:`AsyncClient.lock` returns: use with ``async with`` or ``await``."""
+
+    def __init__(self, client, name, kwargs):
+        self._client = client
+        self._name = name
+        self._kwargs = kwargs
+        self._lease = None
+
+    def __await__(self):
+        return self._client.acquire(self._name, **self._kwargs).__await__()
+
+    async def __aenter__(self):
+        self._lease = await self._client.acquire(self._name, **self._kwargs)
+        return self._lease
+
+    async def __aexit__(self, *exc):
+        return await self._lease.__aexit__(*exc)
+
+
+class AsyncClient(_Core):
+    """An asyncio client of the agent, with the arguments and methods of
+    :class:`Client`; the methods that talk to the agent are coroutines.
+
+    ::
+
+        async with lockagent.AsyncClient(client="worker") as client:
+            async with client.lock("orders/42", wait=5) as lease:
+                ...
+
+    or ``client = await AsyncClient.connect(...)`` and ``await
+    client.close()``. Cancelling a task that waits in :meth:`acquire`
+    cancels the acquire in the agent. Callbacks and ``on_event`` run on the
+    event loop: keep them short; they may start tasks.
+    """
+
+    _lease_class = AsyncLease
+
+    def __init__(self, path=None, *, client="", session_ttl=0, heartbeat=None,
+                 auto_heartbeat=True, reconnect=True, timeout=DEFAULT_TIMEOUT, on_event=None):
+        super().__init__(path, client, session_ttl, heartbeat, auto_heartbeat, reconnect,
+                         timeout, on_event)
+        self._conn = None
+        self._opened = False
+        self._tasks = []
+        self._up = None  # set while connected, and once closed
+        self._stop = None
+
+    @classmethod
+    async def connect(cls, path=None, **kwargs):
+        """Create a client and connect it."""
+        client = cls(path, **kwargs)
+        await client.open()
+        return client
+
+    async def open(self):
+        """Connect and say hello (``async with`` does it)."""
+        if self._opened:
+            return
+        self._opened = True
+        self._up = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._conn = await self._open()
+        self._up.set()
+        if self.heartbeat and self.auto_heartbeat:
+            self._tasks.append(asyncio.ensure_future(self._beat()))
+
+    async def __aenter__(self):
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+        return False
+
+    @property
+    def connected(self):
+        """True while the client has a connection to the agent."""
+        return self._conn is not None
+
+    # -- ops
+
+    async def acquire(self, name, *, wait=0, shared=False, limit=None, scope=None, ttl=None,
+                      meta=None):
+        """Acquire the lock ``name`` and return its :class:`AsyncLease`.
+
+        The arguments and errors are those of :meth:`Client.acquire`.
+        """
+        args = self._acquire_args(name, wait, shared, limit, scope, ttl, meta)
+        return await self._call("acquire", args, arg=name, meta=meta)
+
+    def lock(self, name, **kwargs):
+        """Acquire ``name`` for an ``async with`` block, which releases it at its end."""
+        return _AsyncLockContext(self, name, kwargs)
+
+    async def inspect(self, name):
+        """Who holds ``name``: a :class:`LockInfo`."""
+        r = await self._call("inspect", {"name": name})
+        return LockInfo(bool(r.get("locked")), r.get("mode"), _holders(r.get("holders")),
+                        r.get("last_token", 0))
+
+    async def list_sessions(self, all=False):
+        """The sessions of this uid (every session with ``all``, for admins), as dicts."""
+        return (await self._call("list", {"all": True} if all else {})).get("sessions", [])
+
+    async def break_lock(self, name):
+        """End every lease on ``name`` (admins only); returns how many ended."""
+        return (await self._call("break", {"name": name})).get("broken", 0)
+
+    async def ping(self):
+        """Ask the agent for a pong; keeps a heartbeat alive."""
+        await self._call("ping", {})
+
+    async def call(self, op, **args):
+        """Send any op with ``args`` and return the agent's answer as a dict."""
+        return await self._call(op, args)
+
+    async def close(self):
+        """End the session (``bye``: every lease is released) and the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._opened:
+            return
+        self._stop.set()
+        self._up.set()
+        conn = self._conn
+        if conn is not None:
+            await self._bye(conn)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- transport
+
+    async def _open(self):
+        """Connect and say hello, resuming the session if it can."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path),
+                                                    self.timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise AgentConnectionError("cannot connect to the agent at %s: %s"
+                                       % (self.path, e)) from e
+        conn = _AsyncConn(reader, writer)
+        conn.task = asyncio.ensure_future(self._read(conn))
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(conn.task)
+        try:
+            if self._resumable():
+                try:
+                    result = await self._call_on(conn, "hello", self._hello_args(True))
+                except SessionExpired:
+                    self._resume_refused()
+                    result = await self._call_on(conn, "hello", self._hello_args(False))
+            else:
+                result = await self._call_on(conn, "hello", self._hello_args(False))
+            self._apply_hello(result)
+            if self.resumed:
+                for lease in self._session_leases():
+                    try:
+                        await self._call_on(conn, "check", {"lease": lease.id})
+                    except NotHeld:
+                        self._forget(lease)
+        except BaseException:
+            conn.kill()
+            raise
+        return conn
+
+    async def _read(self, conn):
+        buf = bytearray()
+        try:
+            while True:
+                chunk = await conn.reader.read(65536)
+                if not chunk:
+                    break
+                start = len(buf)
+                buf += chunk
+                end = buf.find(b"\n", start)
+                while end >= 0:
+                    msg = _decode(bytes(buf[:end]))
+                    del buf[:end + 1]
+                    if msg is not None:
+                        if "event" in msg and "id" not in msg:
+                            self._on_event(msg)
+                        else:
+                            self._on_answer(conn, msg)
+                    end = buf.find(b"\n")
+        except OSError:
+            pass
+        except asyncio.CancelledError:
+            self._closed = True  # the event loop is going away: do not reconnect
+            raise
+        finally:
+            await self._on_conn_end(conn)
+
+    def _on_answer(self, conn, msg):
+        key = msg.get("id")
+        pending = conn.pending.pop(key, None) if isinstance(key, str) else None
+        if pending is None:
+            return
+        send = self._on_response(pending, msg)
+        pending.response = msg
+        if not pending.done.done():
+            pending.done.set_result(None)
+        if send is not None:
+            self._send_quiet(conn, send)
+
+    async def _on_conn_end(self, conn):
+        conn.dead = True
+        pending, conn.pending = conn.pending, {}
+        conn.writer.close()
+        for p in pending.values():
+            if not p.done.done():
+                p.done.set_result(None)  # no response: the caller raises AgentConnectionError
+        if self._conn is not conn:
+            return
+        self._conn = None
+        self._up.clear()
+        self._connection_ended()
+        if self.reconnect and not self._closed:
+            await self._reconnect()
+        else:
+            self._closed = True
+            self._stop.set()
+            self._up.set()
+
+    async def _reconnect(self):
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                conn = await self._open()
+            except LockagentError as e:
+                _log.info("lockagent: reconnecting to %s: %s", self.path, e)
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+                delay = min(delay * 2, 2.0)
+                continue
+            if self._closed:
+                await self._bye(conn)
+                return
+            self._conn = conn
+            self._up.set()
+            return
+
+    async def _bye(self, conn):
+        try:
+            await self._call_on(conn, "bye", {})
+        except LockagentError:
+            pass
+        conn.kill()
+
+    async def _beat(self):
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.heartbeat / 3.0)
+                return
+            except asyncio.TimeoutError:
+                pass
+            if self._conn is not None:
+                self._send_quiet(self._conn, {"op": "ping"})
+
+    def _send_quiet(self, conn, msg):
+        """Send a request whose answer nobody waits for."""
+        msg = dict(msg, id=self._next_id())
+        try:
+            conn.writer.write(_encode(msg))
+        except (OSError, RuntimeError):
+            conn.kill()
+
+    async def _connection(self, broken=None):
+        """The current connection (other than ``broken``), waiting up to the
+        timeout for a reconnect."""
+        if not self._opened:
+            raise AgentConnectionError("the client is not open: use async with, "
+                                       "AsyncClient.connect or open()")
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while self._conn is None or self._conn is broken:
+            if self._closed:
+                raise AgentConnectionError("the client is closed")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise AgentConnectionError("not connected to the agent at %s" % self.path)
+            if self._conn is broken:
+                self._up.clear()  # its reader has yet to see the end
+            try:
+                await asyncio.wait_for(self._up.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return self._conn
+
+    async def _call(self, op, args, arg=None, meta=None):
+        conn = await self._connection()
+        while True:
+            try:
+                return await self._call_on(conn, op, args, arg, meta)
+            except _NotSent:
+                if not self.reconnect:
+                    raise
+            # The connection broke before the request could reach the agent:
+            # send it on the next one.
+            conn = await self._connection(broken=conn)
+
+    async def _call_on(self, conn, op, args, arg=None, meta=None):
+        if conn.dead or conn.writer.transport.is_closing():
+            raise _NotSent("the connection to the agent ended")
+        key = self._next_id()
+        msg = {"id": key, "op": op}
+        msg.update(args)
+        data = self._line(msg)
+        pending = _Pending(key, op, arg, meta, waits=op == "acquire" and args.get("wait_ms", 0) != 0)
+        pending.done = asyncio.get_running_loop().create_future()
+        conn.pending[key] = pending
+        timeout = self._call_timeout(op, args)
+        try:
+            await conn.send(data)
+            await asyncio.wait_for(asyncio.shield(pending.done), timeout)
+        except asyncio.TimeoutError:
+            self._abandon(conn, pending)
+            raise AgentTimeout("the agent did not answer %s within %.1fs" % (op, timeout)) from None
+        except OSError as e:
+            conn.kill()
+            raise AgentConnectionError("sending %s to the agent: %s" % (op, e)) from e
+        except BaseException:  # cancelled: give up the request
+            self._abandon(conn, pending)
+            raise
+        if pending.response is None:
+            raise AgentConnectionError("the connection to the agent ended before the answer "
+                                       "to %s" % op)
+        return self._result(pending)
+
+    def _abandon(self, conn, pending):
+        send = self._abandoned(pending)
+        if send is not None and not conn.dead:
+            self._send_quiet(conn, send)

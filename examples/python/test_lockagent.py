@@ -1,0 +1,506 @@
+"""Tests of the blocking client against a real agent process."""
+
+import json
+import os
+import socket
+import threading
+import unittest
+from unittest import mock
+
+import lockagent
+from harness import AgentTestCase, break_connection, wait_until
+
+
+def detached(client, session):
+    """Whether the agent lists ``session`` as waiting to be resumed."""
+    return any(s["session"] == session and not s["attached"] for s in client.list_sessions())
+
+
+class SocketPathTest(unittest.TestCase):
+    def test_default_path_follows_the_agent(self):
+        cases = [
+            (0, {}, "/run/lockagent/agent.sock"),
+            (1000, {"INVOCATION_ID": "x"}, "/run/lockagent/agent.sock"),
+            (1000, {"NOTIFY_SOCKET": "/run/systemd/notify"}, "/run/lockagent/agent.sock"),
+            (1000, {"XDG_RUNTIME_DIR": "/run/user/1000/"}, "/run/user/1000/lockagent.sock"),
+            (1000, {"XDG_RUNTIME_DIR": "relative"}, "/tmp/lockagent-1000.sock"),
+            (1000, {"TMPDIR": "/var/tmp"}, "/var/tmp/lockagent-1000.sock"),
+            (1000, {}, "/tmp/lockagent-1000.sock"),
+        ]
+        for euid, env, want in cases:
+            with self.subTest(euid=euid, env=env):
+                self.assertEqual(lockagent.default_socket_path(euid, env), want)
+
+    def test_explicit_path_then_environment(self):
+        env = {"LOCKAGENT_SOCKET": "/srv/la.sock", "XDG_RUNTIME_DIR": "/run/user/1"}
+        self.assertEqual(lockagent.socket_path("/x.sock", env), "/x.sock")
+        self.assertEqual(lockagent.socket_path(None, env), "/srv/la.sock")
+        env["LOCKAGENT_SOCKET"] = ""
+        self.assertEqual(lockagent.socket_path(None, env),
+                         lockagent.default_socket_path(environ=env))
+
+
+class ErrorMappingTest(unittest.TestCase):
+    def test_every_protocol_code_has_its_exception(self):
+        codes = ["bad_request", "unknown_op", "line_too_long", "invalid_name",
+                 "invalid_argument", "not_held", "already_held", "canceled",
+                 "permission_denied", "limit_exceeded", "session_expired",
+                 "backend_unavailable", "foreign_key", "shutting_down", "internal"]
+        seen = set()
+        for code in codes:
+            cls = lockagent._ERRORS[code]
+            self.assertTrue(issubclass(cls, lockagent.ProtocolError))
+            seen.add(cls)
+        self.assertEqual(len(seen), len(codes))
+        self.assertEqual(set(lockagent._ERRORS), set(codes))
+
+
+class ConnectTest(AgentTestCase):
+    def test_hello_reports_the_session_and_the_agent(self):
+        c = self.client(client="unit-test")
+        self.assertTrue(c.session.startswith("s_"))
+        self.assertTrue(c.resume_token)
+        self.assertFalse(c.resumed)
+        self.assertEqual(c.agent["backend"], "memory")
+        self.assertEqual(c.agent["ttl_ms"]["default"], 15000)
+        [mine] = [s for s in c.list_sessions() if s["session"] == c.session]
+        self.assertEqual(mine["client"], "unit-test")
+        self.assertEqual(mine["pid"], os.getpid())
+
+    def test_finds_the_agent_through_the_environment(self):
+        with mock.patch.dict(os.environ, {"LOCKAGENT_SOCKET": self.agent.socket}):
+            with lockagent.Client() as c:
+                self.assertEqual(c.path, self.agent.socket)
+                c.ping()
+
+    def test_no_agent(self):
+        with self.assertRaises(lockagent.AgentConnectionError) as cm:
+            lockagent.Client(os.path.join(self.agent.dir, "nobody.sock"))
+        self.assertIsInstance(cm.exception, ConnectionError)
+
+    def test_close_ends_the_session_and_releases_every_lease(self):
+        c = lockagent.Client(self.agent.socket, session_ttl=60)
+        a = c.acquire("c/1")
+        b = c.acquire("c/2", scope="session")
+        c.close()
+        self.assertTrue(c.closed)
+        for lease in (a, b):
+            self.assertFalse(lease.active)
+            self.assertFalse(lease.lost)
+        other = self.client()
+        other.acquire("c/1")
+        other.acquire("c/2")
+        with self.assertRaises(lockagent.AgentConnectionError):
+            c.ping()
+
+
+class AcquireTest(AgentTestCase):
+    def test_try_is_granted_then_denied_with_the_holders(self):
+        a, b = self.client(), self.client()
+        lease = a.acquire("orders/42", meta="invoice run")
+        self.assertTrue(lease.id.startswith("l_"))
+        self.assertEqual((lease.name, lease.mode, lease.scope), ("orders/42", "exclusive",
+                                                                  "connection"))
+        self.assertEqual(lease.ttl_ms, 15000)
+        self.assertGreater(lease.token, 0)
+        with self.assertRaises(lockagent.NotAcquired) as cm:
+            b.acquire("orders/42")
+        self.assertEqual(cm.exception.reason, "held")
+        [holder] = cm.exception.holders
+        self.assertEqual((holder.mode, holder.token, holder.meta),
+                         ("exclusive", lease.token, "invoice run"))
+
+    def test_lock_context_manager_releases(self):
+        a, b = self.client(), self.client()
+        with a.lock("orders/1", wait=5) as lease:
+            self.assertTrue(a.inspect("orders/1").locked)
+        self.assertFalse(lease.active)
+        self.assertFalse(lease.lost)
+        self.assertFalse(a.inspect("orders/1").locked)
+        self.assertGreater(b.acquire("orders/1").token, lease.token)
+
+    def test_lock_context_manager_releases_on_error(self):
+        a = self.client()
+        with self.assertRaises(ZeroDivisionError):
+            with a.lock("orders/1"):
+                1 / 0
+        self.assertFalse(a.inspect("orders/1").locked)
+
+    def test_release_twice(self):
+        lease = self.client().acquire("r/1")
+        self.assertTrue(lease.release())
+        self.assertFalse(lease.release())
+
+    def _wait_in_thread(self, client, name, **kwargs):
+        box = {}
+
+        def run():
+            try:
+                box["lease"] = client.acquire(name, **kwargs)
+            except Exception as e:
+                box["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        self.addCleanup(t.join, 10)
+        return t, box
+
+    def _waiting(self, client, name):
+        return any(w["name"] == name for s in client.list_sessions() for w in s["waiting"])
+
+    def test_waiter_is_granted_on_release(self):
+        a, b = self.client(), self.client()
+        first = a.acquire("w/1")
+        for wait in (5, None):
+            with self.subTest(wait=wait):
+                t, box = self._wait_in_thread(b, "w/1", wait=wait)
+                wait_until(lambda: self._waiting(a, "w/1"), what="the acquire to wait")
+                first.release()
+                t.join(5)
+                self.assertGreater(box["lease"].token, first.token)
+                box["lease"].release()
+                first = a.acquire("w/1")
+
+    def test_wait_times_out(self):
+        a, b = self.client(), self.client()
+        a.acquire("w/1", meta="busy")
+        with self.assertRaises(lockagent.NotAcquired) as cm:
+            b.acquire("w/1", wait=0.05)
+        self.assertEqual(cm.exception.reason, "timeout")
+        self.assertEqual(cm.exception.holders[0].meta, "busy")
+
+    def test_shared_with_a_limit(self):
+        a, b, c, d = (self.client() for _ in range(4))
+        s1 = a.acquire("sem/1", shared=True, limit=2)
+        s2 = b.acquire("sem/1", shared=True, limit=2)
+        self.assertEqual((s1.mode, s2.mode), ("shared", "shared"))
+        with self.assertRaises(lockagent.NotAcquired):
+            c.acquire("sem/1", shared=True, limit=2)
+        with self.assertRaises(lockagent.NotAcquired):
+            d.acquire("sem/1")
+        info = d.inspect("sem/1")
+        self.assertEqual((info.locked, info.mode, len(info.holders)), (True, "shared", 2))
+        s1.release()
+        c.acquire("sem/1", shared=True, limit=2)
+
+    def test_ttl_and_scope(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("t/1", ttl=2.5, scope="session")
+        self.assertEqual((lease.ttl_ms, lease.scope), (2500, "session"))
+        [listed] = [x for s in c.list_sessions() for x in s["leases"] if x["lease"] == lease.id]
+        self.assertEqual(listed["scope"], "session")
+
+    def test_meta_is_shown(self):
+        c = self.client()
+        c.acquire("m/1", meta="batch 7")
+        self.assertEqual(c.inspect("m/1").holders[0].meta, "batch 7")
+        [listed] = [x for s in c.list_sessions() for x in s["leases"]]
+        self.assertEqual(listed["meta"], "batch 7")
+
+    def test_mutual_exclusion_across_threads(self):
+        clients = [self.client() for _ in range(4)]
+        state = {"inside": 0, "max": 0, "tokens": []}
+        mu = threading.Lock()
+
+        def work(c):
+            for _ in range(20):
+                with c.lock("counter", wait=None) as lease:
+                    with mu:
+                        state["inside"] += 1
+                        state["max"] = max(state["max"], state["inside"])
+                        state["tokens"].append(lease.token)
+                    with mu:
+                        state["inside"] -= 1
+        threads = [threading.Thread(target=work, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(state["max"], 1)
+        self.assertEqual(len(state["tokens"]), 80)
+        self.assertEqual(state["tokens"], sorted(set(state["tokens"])))
+
+
+class OpsTest(AgentTestCase):
+    def test_check(self):
+        c = self.client()
+        lease = c.acquire("k/1")
+        r = c.acquire("k/2").check()
+        self.assertTrue(r.held)
+        r = lease.check()
+        self.assertEqual((r.held, r.token), (True, lease.token))
+        self.assertGreater(r.expires_in_ms, 0)
+        c.break_lock("k/1")
+        self.assertEqual(lease.check(), lockagent.CheckResult(False, lease.token, 0))
+
+    def test_inspect(self):
+        c = self.client()
+        self.assertEqual(c.inspect("never/locked"), lockagent.LockInfo(False, None, [], 0))
+        lease = c.acquire("i/1")
+        lease.release()
+        info = c.inspect("i/1")
+        self.assertEqual((info.locked, info.last_token), (False, lease.token))
+
+    def test_list_all(self):
+        a, b = self.client(client="a"), self.client(client="b")
+        b.acquire("l/1")
+        sessions = a.list_sessions(all=True)
+        self.assertEqual({s["client"] for s in sessions}, {"a", "b"})
+        [sb] = [s for s in sessions if s["session"] == b.session]
+        self.assertEqual([x["name"] for x in sb["leases"]], ["l/1"])
+
+    def test_break_signals_lost_every_way(self):
+        holder, admin = self.client(), self.client()
+        lease = holder.acquire("b/1")
+        called = threading.Event()
+        got = []
+        lease.add_lost_callback(lambda l: (got.append(l.lost_reason), called.set()))
+        self.assertFalse(lease.lost)
+        self.assertFalse(lease.wait_lost(0))
+        self.assertEqual(admin.break_lock("b/1"), 1)
+        self.assertTrue(lease.wait_lost(5))
+        self.assertTrue(called.wait(5))
+        self.assertEqual(got, ["broken"])
+        self.assertTrue(lease.lost)
+        self.assertEqual(lease.lost_reason, lockagent.BROKEN)
+        with self.assertRaises(lockagent.LeaseLost) as cm:
+            lease.raise_if_lost()
+        self.assertEqual(cm.exception.reason, "broken")
+        late = []
+        lease.add_lost_callback(lambda l: late.append(l))
+        self.assertEqual(late, [lease])
+        self.assertFalse(lease.release())
+        self.assertEqual(admin.break_lock("b/1"), 0)
+
+    def test_ctl_break_is_seen_as_lost(self):
+        events = []
+        c = self.client(on_event=events.append)
+        lease = c.acquire("orders/9")
+        out = self.agent.ctl("break", "orders/9")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(lease.wait_lost(5))
+        self.assertEqual(lease.lost_reason, "broken")
+        self.assertEqual(events[0]["event"], "lost")
+        self.assertEqual(events[0]["token"], lease.token)
+        self.assertEqual(c.leases, [])
+
+    def test_call_any_op(self):
+        c = self.client()
+        self.assertEqual(c.call("ping"), {"id": "2", "ok": True, "pong": True})
+
+
+class ErrorsTest(AgentTestCase):
+    agent_config = "limits {\n  max_leases_per_session = 2\n}"
+
+    def assertCode(self, exc_class, code, fn, *args, **kwargs):
+        with self.assertRaises(exc_class) as cm:
+            fn(*args, **kwargs)
+        self.assertIsInstance(cm.exception, lockagent.ProtocolError)
+        self.assertEqual(cm.exception.code, code)
+        self.assertTrue(cm.exception.message)
+        return cm.exception
+
+    def test_protocol_errors(self):
+        c = self.client()
+        self.assertCode(lockagent.InvalidName, "invalid_name", c.acquire, "has space")
+        self.assertCode(lockagent.InvalidName, "invalid_name", c.inspect, "")
+        self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, "x", ttl=0.5)
+        self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, "x", limit=2)
+        self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, "x",
+                        meta="m" * 300)
+        self.assertCode(lockagent.UnknownOp, "unknown_op", c.call, "frobnicate")
+        self.assertCode(lockagent.BadRequest, "bad_request", c.call, "hello")
+        self.assertCode(lockagent.NotHeld, "not_held", c.call, "release", lease="l_nope")
+        self.assertCode(lockagent.NotHeld, "not_held", c.call, "check", lease="l_nope")
+        lease = c.acquire("x")
+        e = self.assertCode(lockagent.AlreadyHeld, "already_held", c.acquire, "x")
+        self.assertIs(e.lease, lease)
+        self.assertEqual(e.error["lease"]["token"], lease.token)
+        c.acquire("y")
+        self.assertCode(lockagent.LimitExceeded, "limit_exceeded", c.acquire, "z")
+        # The connection is still good after every error.
+        c.ping()
+
+    def test_line_too_long_is_refused_before_it_is_sent(self):
+        c = self.client()
+        self.assertCode(lockagent.LineTooLong, "line_too_long", c.call, "ping", pad="x" * 70000)
+        c.ping()
+        self.assertTrue(c.connected)
+
+    def test_timeout_and_connection_errors_are_builtin_kinds(self):
+        self.assertTrue(issubclass(lockagent.AgentTimeout, TimeoutError))
+        self.assertTrue(issubclass(lockagent.AgentConnectionError, ConnectionError))
+        self.assertTrue(issubclass(lockagent.NotAcquired, lockagent.LockagentError))
+
+
+class PermissionTest(AgentTestCase):
+    agent_config = "acl {\n  admin_uids = []\n}"
+
+    def test_admin_ops_are_denied(self):
+        c = self.client()
+        with self.assertRaises(lockagent.PermissionDenied) as cm:
+            c.break_lock("p/1")
+        self.assertEqual(cm.exception.code, "permission_denied")
+        with self.assertRaises(lockagent.PermissionDenied):
+            c.list_sessions(all=True)
+
+
+class HeartbeatTest(AgentTestCase):
+    def test_the_client_keeps_its_heartbeat(self):
+        c = self.client(heartbeat=0.4)
+        lease = c.acquire("h/1")
+        # Four heartbeat periods pass without the application sending anything.
+        self.assertFalse(lease.wait_lost(1.6))
+        self.assertTrue(lease.check().held)
+
+    def test_a_silent_application_loses_its_locks(self):
+        c = self.client(heartbeat=0.2, auto_heartbeat=False, reconnect=False)
+        lease = c.acquire("h/1")
+        self.assertTrue(lease.wait_lost(5))
+        self.assertEqual(lease.lost_reason, lockagent.CONNECTION_LOST)
+        wait_until(lambda: c.closed, what="the client to close")
+        self.assertFalse(self.client().inspect("h/1").locked)
+
+
+class ReconnectTest(AgentTestCase):
+    def test_broken_connection_loses_connection_leases(self):
+        c = self.client()
+        lease = c.acquire("r/1")
+        got = []
+        lease.add_lost_callback(got.append)
+        session = c.session
+        break_connection(c)
+        self.assertTrue(lease.wait_lost(5))
+        self.assertEqual(lease.lost_reason, "connection_lost")
+        self.assertEqual(got, [lease])
+        # A session without a grace period ends with its connection: the
+        # client opens a new one.
+        wait_until(lambda: c.connected, what="the client to reconnect")
+        self.assertNotEqual(c.session, session)
+        self.assertFalse(c.resumed)
+        self.assertGreater(c.acquire("r/1").token, lease.token)
+
+    def test_resume_keeps_session_leases(self):
+        c = self.client(session_ttl=30)
+        conn_lease = c.acquire("r/conn")
+        sess_lease = c.acquire("r/sess", scope="session")
+        session = c.session
+        break_connection(c)
+        self.assertTrue(conn_lease.wait_lost(5))
+        wait_until(lambda: c.connected and c.resumed, what="the session to be resumed")
+        self.assertEqual(c.session, session)
+        self.assertFalse(sess_lease.lost)
+        self.assertTrue(sess_lease.check().held)
+        other = self.client()
+        other.acquire("r/conn")
+        with self.assertRaises(lockagent.NotAcquired):
+            other.acquire("r/sess")
+        self.assertTrue(sess_lease.release())
+        other.acquire("r/sess")
+
+    def test_a_request_right_after_a_break_goes_to_the_next_connection(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/1", scope="session")
+        for _ in range(5):
+            break_connection(c)
+            self.assertTrue(lease.check().held)
+        self.assertTrue(c.resumed)
+
+    def test_events_missed_while_detached_arrive_on_resume(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/1", scope="session")
+        hidden = self.agent.hide_socket()
+        break_connection(c)
+        watcher = lockagent.Client(hidden)
+        self.addCleanup(watcher.close)
+        wait_until(lambda: detached(watcher, c.session), what="the session to be detached")
+        out = self.agent.ctl("break", "r/1", socket_path=hidden)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(lease.lost)
+        # A request made while the client is reconnecting waits for it.
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("info", c.inspect("r/1")))
+        t.start()
+        self.agent.unhide_socket()
+        t.join(10)
+        self.assertFalse(box["info"].locked)
+        self.assertTrue(c.resumed)
+        self.assertTrue(lease.wait_lost(5))
+        self.assertEqual(lease.lost_reason, "broken")
+
+    def test_a_lease_gone_without_an_event_is_lost_on_resume(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/1", scope="session")
+        hidden = self.agent.hide_socket()
+        break_connection(c)
+        watcher = lockagent.Client(hidden)
+        self.addCleanup(watcher.close)
+        wait_until(lambda: detached(watcher, c.session), what="the session to be detached")
+        # Another connection takes the session over and releases the lease:
+        # the session gets no event for it.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, s.makefile("rwb") as f:
+            s.connect(hidden)
+            for req in ({"id": 1, "op": "hello", "resume": {"session": c.session,
+                                                          "token": c.resume_token}},
+                        {"id": 2, "op": "release", "lease": lease.id}):
+                f.write(json.dumps(req).encode() + b"\n")
+                f.flush()
+                self.assertTrue(json.loads(f.readline())["ok"])
+        wait_until(lambda: detached(watcher, c.session), what="the session to be detached")
+        self.agent.unhide_socket()
+        self.assertTrue(lease.wait_lost(10))
+        self.assertEqual(lease.lost_reason, lockagent.EXPIRED)
+        wait_until(lambda: c.connected, what="the client to reconnect")
+        self.assertTrue(c.resumed)
+
+    def test_resume_refused_loses_session_leases(self):
+        c = self.client(session_ttl=1)
+        lease = c.acquire("r/1", scope="session")
+        session = c.session
+        hidden = self.agent.hide_socket()
+        break_connection(c)
+        watcher = lockagent.Client(hidden)
+        self.addCleanup(watcher.close)
+        wait_until(lambda: all(s["session"] != session for s in watcher.list_sessions()),
+                   what="the detached session to end")
+        self.agent.unhide_socket()
+        self.assertTrue(lease.wait_lost(10))
+        self.assertEqual(lease.lost_reason, lockagent.SESSION_EXPIRED)
+        wait_until(lambda: c.connected, what="a new session")
+        self.assertNotEqual(c.session, session)
+        self.assertFalse(c.resumed)
+        c.acquire("r/1", scope="session")
+
+    def test_without_reconnect_the_client_closes(self):
+        c = self.client(session_ttl=30, reconnect=False)
+        a = c.acquire("r/1")
+        b = c.acquire("r/2", scope="session")
+        break_connection(c)
+        self.assertTrue(a.wait_lost(5))
+        self.assertTrue(b.wait_lost(5))
+        wait_until(lambda: c.closed, what="the client to close")
+        with self.assertRaises(lockagent.AgentConnectionError):
+            c.ping()
+
+    def test_agent_shutdown_loses_every_lease(self):
+        events = []
+        c = self.client(session_ttl=30, reconnect=False, on_event=events.append)
+        a = c.acquire("s/1")
+        b = c.acquire("s/2", scope="session")
+        self.agent.stop()
+        self.assertTrue(a.wait_lost(5))
+        self.assertTrue(b.wait_lost(5))
+        self.assertEqual((a.lost_reason, b.lost_reason), ("shutdown", "shutdown"))
+        self.assertIn("shutdown", [e["event"] for e in events])
+
+    def test_reconnects_after_an_agent_restart(self):
+        c = self.client()
+        lease = c.acquire("s/1")
+        self.agent.stop()
+        self.assertTrue(lease.wait_lost(5))
+        self.agent.start()
+        wait_until(lambda: c.connected, 10, "the client to reconnect")
+        self.assertGreater(c.acquire("s/1").token, lease.token)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,195 @@
+"""Tests of the asyncio client against a real agent process."""
+
+import asyncio
+import time
+import unittest
+
+import lockagent
+from harness import Agent, break_connection
+
+
+async def eventually(predicate, timeout=5.0, what="the condition"):
+    """Poll an async ``predicate`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        await asyncio.sleep(0.005)
+
+
+class AsyncAgentTestCase(unittest.IsolatedAsyncioTestCase):
+    agent_config = ""
+
+    def setUp(self):
+        self.agent = Agent(self.agent_config)
+        self.addCleanup(self.agent.cleanup)
+
+    async def client(self, **kwargs):
+        c = await lockagent.AsyncClient.connect(self.agent.socket, **kwargs)
+        self.addAsyncCleanup(c.close)
+        return c
+
+    async def waiting(self, client, name):
+        return any(w["name"] == name for s in await client.list_sessions() for w in s["waiting"])
+
+
+class AsyncOpsTest(AsyncAgentTestCase):
+    async def test_async_with_client_and_lock(self):
+        async with lockagent.AsyncClient(self.agent.socket, client="async") as c:
+            self.assertTrue(c.session.startswith("s_"))
+            async with c.lock("orders/42", wait=5, meta="m") as lease:
+                self.assertIsInstance(lease, lockagent.AsyncLease)
+                info = await c.inspect("orders/42")
+                self.assertEqual((info.locked, info.holders[0].meta), (True, "m"))
+            self.assertFalse(lease.active)
+            self.assertFalse((await c.inspect("orders/42")).locked)
+            lease = await c.lock("orders/42")
+            self.assertTrue((await lease.check()).held)
+        self.assertTrue(c.closed)
+        self.assertFalse(lease.lost)
+        self.assertFalse(lease.active)
+
+    async def test_try_wait_and_timeout(self):
+        a, b = await self.client(), await self.client()
+        first = await a.acquire("w/1", meta="busy")
+        with self.assertRaises(lockagent.NotAcquired) as cm:
+            await b.acquire("w/1")
+        self.assertEqual((cm.exception.reason, cm.exception.holders[0].meta), ("held", "busy"))
+        with self.assertRaises(lockagent.NotAcquired) as cm:
+            await b.acquire("w/1", wait=0.05)
+        self.assertEqual(cm.exception.reason, "timeout")
+        task = asyncio.ensure_future(b.acquire("w/1", wait=None))
+        await eventually(lambda: self.waiting(a, "w/1"), what="the acquire to wait")
+        self.assertTrue(await first.release())
+        second = await asyncio.wait_for(task, 5)
+        self.assertGreater(second.token, first.token)
+
+    async def test_shared_limit_and_scope(self):
+        a, b, c = await self.client(session_ttl=10), await self.client(), await self.client()
+        s1 = await a.acquire("sem/1", shared=True, limit=2, scope="session", ttl=3)
+        self.assertEqual((s1.mode, s1.scope, s1.ttl_ms), ("shared", "session", 3000))
+        await b.acquire("sem/1", shared=True, limit=2)
+        with self.assertRaises(lockagent.NotAcquired):
+            await c.acquire("sem/1", shared=True, limit=2)
+
+    async def test_cancelling_a_waiting_acquire_cancels_it_in_the_agent(self):
+        a, b = await self.client(), await self.client()
+        held = await a.acquire("c/1")
+        task = asyncio.ensure_future(b.acquire("c/1", wait=None))
+        await eventually(lambda: self.waiting(a, "c/1"), what="the acquire to wait")
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+
+        async def not_waiting():
+            return not await self.waiting(a, "c/1")
+        await eventually(not_waiting, what="the agent to cancel the acquire")
+        await held.release()
+        await b.acquire("c/1")
+
+    async def test_lost_can_be_polled_awaited_and_called_back(self):
+        holder, admin = await self.client(), await self.client()
+        lease = await holder.acquire("b/1")
+        got = []
+        lease.add_lost_callback(got.append)
+        self.assertFalse(await lease.wait_lost(0.01))
+        self.assertEqual(await admin.break_lock("b/1"), 1)
+        self.assertTrue(await lease.wait_lost(5))
+        self.assertEqual((lease.lost, lease.lost_reason), (True, "broken"))
+        self.assertEqual(got, [lease])
+        self.assertEqual(await lease.check(), lockagent.CheckResult(False, lease.token, 0))
+        self.assertFalse(await lease.release())
+
+    async def test_ctl_break(self):
+        c = await self.client()
+        lease = await c.acquire("orders/9")
+        out = await asyncio.get_running_loop().run_in_executor(
+            None, self.agent.ctl, "break", "orders/9")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(await lease.wait_lost(5))
+
+    async def test_list_ping_call_and_errors(self):
+        c = await self.client(client="lister")
+        await c.ping()
+        [mine] = [s for s in await c.list_sessions(all=True) if s["session"] == c.session]
+        self.assertEqual(mine["client"], "lister")
+        self.assertEqual((await c.call("ping"))["pong"], True)
+        with self.assertRaises(lockagent.InvalidName) as cm:
+            await c.acquire("bad name")
+        self.assertEqual(cm.exception.code, "invalid_name")
+        with self.assertRaises(lockagent.UnknownOp):
+            await c.call("frobnicate")
+        lease = await c.acquire("x")
+        with self.assertRaises(lockagent.AlreadyHeld) as cm:
+            await c.acquire("x")
+        self.assertIs(cm.exception.lease, lease)
+        with self.assertRaises(lockagent.LineTooLong):
+            await c.call("ping", pad="x" * 70000)
+        await c.ping()
+
+    async def test_no_agent(self):
+        with self.assertRaises(lockagent.AgentConnectionError):
+            await lockagent.AsyncClient.connect(self.agent.socket + ".none")
+
+    async def test_heartbeat(self):
+        kept = await self.client(heartbeat=0.4)
+        silent = await self.client(heartbeat=0.2, auto_heartbeat=False, reconnect=False)
+        a = await kept.acquire("h/1")
+        b = await silent.acquire("h/2")
+        self.assertTrue(await b.wait_lost(5))
+        self.assertEqual(b.lost_reason, "connection_lost")
+        self.assertFalse(await a.wait_lost(1.6))
+        self.assertTrue((await a.check()).held)
+        self.assertTrue(silent.closed)
+
+
+class AsyncReconnectTest(AsyncAgentTestCase):
+    async def test_resume_after_a_broken_connection(self):
+        events = []
+        c = await self.client(session_ttl=30, on_event=events.append)
+        conn_lease = await c.acquire("r/conn")
+        sess_lease = await c.acquire("r/sess", scope="session")
+        session = c.session
+        break_connection(c)
+        self.assertTrue(await conn_lease.wait_lost(5))
+        self.assertEqual(conn_lease.lost_reason, "connection_lost")
+        # The next request waits for the resumed connection.
+        self.assertTrue((await sess_lease.check()).held)
+        self.assertEqual((c.session, c.resumed), (session, True))
+        self.assertFalse(sess_lease.lost)
+        self.assertEqual(events, [])
+
+    async def test_a_request_right_after_a_break_goes_to_the_next_connection(self):
+        c = await self.client(session_ttl=30)
+        lease = await c.acquire("r/1", scope="session")
+        for _ in range(5):
+            break_connection(c)
+            self.assertTrue((await lease.check()).held)
+        self.assertTrue(c.resumed)
+
+    async def test_a_new_session_without_a_grace_period(self):
+        c = await self.client()
+        lease = await c.acquire("r/1", scope="session")
+        session = c.session
+        break_connection(c)
+        self.assertTrue(await lease.wait_lost(5))
+        await c.ping()
+        self.assertNotEqual(c.session, session)
+
+    async def test_agent_shutdown(self):
+        events = []
+        c = await self.client(reconnect=False, on_event=events.append)
+        lease = await c.acquire("s/1")
+        await asyncio.get_running_loop().run_in_executor(None, self.agent.stop)
+        self.assertTrue(await lease.wait_lost(5))
+        self.assertEqual(lease.lost_reason, "shutdown")
+        self.assertEqual(events[0]["event"], "shutdown")
+        with self.assertRaises(lockagent.AgentConnectionError):
+            await c.ping()
+
+
+if __name__ == "__main__":
+    unittest.main()

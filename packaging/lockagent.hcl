@@ -1,0 +1,29 @@
+# lockagent's configuration, read by lockagent.service. Every setting is
+# described in /usr/share/doc/lockagent/docs/config.md; check a change with
+#   lockagent config check -config /etc/lockagent/lockagent.hcl
+# then apply it with `systemctl restart lockagent` (`systemctl reload
+# lockagent` applies log_level alone).
+
+# Under systemd, lockagent.socket owns the socket and sets its mode and
+# group (members of the lockagent group may connect); these settings apply
+# when the agent binds the socket itself.
+socket {
+  path  = "/run/lockagent/agent.sock"
+  mode  = "0660"
+  group = "lockagent"
+}
+
+state_dir  = "/var/lib/lockagent"   # the fencing epoch: tokens keep increasing across restarts
+log_level  = "info"                 # trace, debug, info, warn, error
+log_format = "text"                 # or "json"; the journal gets each entry's priority either way
+
+backend "memory" {}                 # locks for the processes of this host
+
+# To share locks between hosts, use Redis instead. Put its password in
+# /etc/credstore/lockagent.redis.password (mode 0600, owned by root): the
+# service loads it as its credential redis.password.
+#
+# backend "redis" {
+#   addresses     = ["10.0.0.5:6379"]
+#   password_file = "/run/credentials/lockagent.service/redis.password"
+# }
