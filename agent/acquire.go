@@ -100,38 +100,46 @@ type queue struct {
 type waiter struct {
 	s      *Session
 	req    AcquireRequest
+	camp   *campaign // the campaign it is for, or nil
 	since  time.Time
 	queued bool          // in the name's queue (a waiting acquire, not a try)
+	ticket string        // its place in the backend's queue, when queued
 	wake   chan struct{} // a value when the queue ahead changed
+
+	// Guarded by Agent.mu.
+	asked   bool // it has asked the backend: its ticket may be queued there
+	granted bool
 }
 
-// eligible tells whether w may ask the backend: it is at the head of its
-// queue, or it is shared and every waiter ahead of it is shared. a.mu is held.
+// eligible tells whether w may ask the backend: every waiter ahead of it
+// on this agent has asked already. The backend's queue orders the waiters
+// of every agent by their first request; this keeps the waiters of one
+// agent in the order they came. a.mu is held.
 func (a *Agent) eligible(w *waiter) bool {
 	q := a.queues[w.req.Name]
 	for _, o := range q.waiters {
 		if o == w {
 			return true
 		}
-		if o.req.Mode != backend.Shared || w.req.Mode != backend.Shared {
+		if !o.asked {
 			return false
 		}
 	}
 	return false
 }
 
-// wakeQueue signals the waiters of name that may ask the backend now.
-// a.mu is held.
+// wakeQueue signals the waiters of name that may ask the backend for the
+// first time now. a.mu is held.
 func (a *Agent) wakeQueue(name string) {
 	q := a.queues[name]
 	if q == nil {
 		return
 	}
-	for i, w := range q.waiters {
-		if i > 0 && (w.req.Mode != backend.Shared || q.waiters[0].req.Mode != backend.Shared) {
+	for _, w := range q.waiters {
+		w.signal()
+		if !w.asked {
 			break
 		}
-		w.signal()
 	}
 }
 
@@ -156,7 +164,18 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireR
 	if err := a.allow(s.peer, req.Name, req.Mode); err != nil {
 		return AcquireResult{}, err
 	}
-	w := &waiter{s: s, req: req, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
+	return s.acquire(ctx, req, nil)
+}
+
+// acquire runs a validated and allowed acquire, for the session itself or
+// for one of its campaigns (camp), whose place the session's limit already
+// counts.
+func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign) (AcquireResult, error) {
+	a := s.a
+	w := &waiter{s: s, req: req, camp: camp, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
+	if w.queued {
+		w.ticket = newID("q_")
+	}
 
 	a.mu.Lock()
 	switch {
@@ -173,7 +192,10 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireR
 	case s.pending[req.Name] != nil:
 		a.mu.Unlock()
 		return AcquireResult{}, invalidArg("an acquire of %q is already in progress in this session", req.Name)
-	case len(s.leases)+len(s.pending) >= a.cfg.MaxLeasesPerSession:
+	case camp == nil && s.campaigns[req.Name] != nil:
+		a.mu.Unlock()
+		return AcquireResult{}, invalidArg("the session campaigns for %q: resign first", req.Name)
+	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
 		a.mu.Unlock()
 		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
 	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.peer.UID] >= a.cfg.MaxLeasesPerUID:
@@ -250,7 +272,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 		}
 		if ok {
 			if freed == nil {
-				ch, stop, err := a.b.Watch(ctx, w.req.Name)
+				ch, stop, err := a.b.Watch(ctx, w.req.Name, w.ticket)
 				if err != nil {
 					return AcquireResult{}, a.ctxErr(ctx, fmt.Errorf("watch %s: %w", w.req.Name, err))
 				}
@@ -258,6 +280,14 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				freed = ch
 			}
 			l, retryIn, err := a.attempt(ctx, w, until)
+			a.mu.Lock()
+			if !w.asked {
+				// Its ticket is in the backend's queue: the next local
+				// waiter may take its place behind it.
+				w.asked = true
+				a.wakeQueue(w.req.Name)
+			}
+			a.mu.Unlock()
 			if errors.Is(err, errWaitOver) {
 				return a.denied(ctx, w.req.Name, ReasonTimeout), nil
 			}
@@ -267,7 +297,8 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 			if l != nil {
 				return AcquireResult{Acquired: true, Lease: l.public()}, nil
 			}
-			poll.Reset(min(max(retryIn, time.Millisecond), maxPoll))
+			// Asking again also keeps the ticket alive in the queue.
+			poll.Reset(min(max(retryIn, time.Millisecond), maxPoll, w.req.TTL/3))
 		}
 		select {
 		case <-ctx.Done():
@@ -293,7 +324,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	s, req := w.s, w.req
 	l := &lease{
 		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
-		ttl: req.TTL, meta: req.Meta, session: s, index: -1,
+		ttl: req.TTL, meta: req.Meta, session: s, camp: w.camp, index: -1,
 	}
 	sent := time.Now()
 	deadline := sent.Add(req.TTL - a.margin(req.TTL))
@@ -302,7 +333,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	}
 	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
-		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Deadline: deadline,
+		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Ticket: w.ticket, Deadline: deadline,
 	})
 	var held *backend.HeldError
 	switch {
@@ -348,6 +379,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		return nil, 0, refuse
 	}
 	a.addLease(l)
+	w.granted = true
 	if req.Granted != nil {
 		req.Granted(l.public())
 	}
@@ -373,6 +405,9 @@ func (a *Agent) leave(w *waiter) {
 	}
 	if !w.queued {
 		return
+	}
+	if w.asked && !w.granted {
+		a.leaveLater(w.req.Name, w.ticket)
 	}
 	q := a.queues[w.req.Name]
 	q.waiters = slices.DeleteFunc(q.waiters, func(o *waiter) bool { return o == w })

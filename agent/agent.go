@@ -1,6 +1,7 @@
 // Package agent is the heart of lockagent: sessions, leases and their scopes,
-// the local first-come-first-served wait queues, the renewal scheduler and
-// lost-lease detection, and the events each session is told.
+// waiting acquires (queued first come, first served in the backend), leader
+// campaigns, the renewal scheduler and lost-lease detection, and the events
+// each session is told.
 //
 // It talks to a backend.Backend and to the connections attached to its
 // sessions through the small Conn interface. It knows nothing of JSON,
@@ -229,6 +230,21 @@ func (a *Agent) releaseLater(ls []*lease) {
 		defer cancel()
 		for _, l := range ls {
 			a.releaseBackend(ctx, l)
+		}
+	}()
+}
+
+// leaveLater takes a waiter's ticket out of the backend's queue in the
+// background, on a goroutine Run waits for. If it fails, the ticket
+// expires on its own. Callers hold a.mu.
+func (a *Agent) leaveLater(name, ticket string) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		if err := a.b.Leave(ctx, name, ticket); err != nil {
+			a.log.Debug("leaving the queue failed; the ticket will expire", "name", name, "error", err)
 		}
 	}()
 }

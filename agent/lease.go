@@ -31,6 +31,7 @@ type lease struct {
 	ttl     time.Duration
 	meta    string
 	session *Session
+	camp    *campaign // the campaign whose term this lease is, or nil
 	granted time.Time
 
 	// validUntil is the local deadline: the send time of the last successful
@@ -118,6 +119,9 @@ func (a *Agent) dropLease(l *lease) {
 	if l.atRisk {
 		a.atRisk-- // l keeps its flag: lose reads it for the reason
 	}
+	if l.camp != nil {
+		l.camp.termEnded(l)
+	}
 	a.wakeQueue(l.name)
 }
 
@@ -141,7 +145,11 @@ func (a *Agent) dropLost(l *lease, reason string) bool {
 	if o := a.cfg.Observer; o != nil {
 		o.Lost(reason)
 	}
-	l.session.send(Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason})
+	ev := Event{Kind: EventLost, Lease: l.id, Name: l.name, Token: l.token, Reason: reason}
+	if l.camp != nil {
+		ev.Campaign = l.camp.id
+	}
+	l.session.send(ev)
 	return true
 }
 

@@ -34,6 +34,7 @@ const (
 	EventLost     = "lost"
 	EventBackend  = "backend"
 	EventShutdown = "shutdown"
+	EventElected  = "elected"
 )
 
 // Reasons of a lost event.
@@ -46,13 +47,14 @@ const (
 
 // Event is pushed to a session's connection.
 type Event struct {
-	Kind    string // EventLost, EventBackend or EventShutdown
-	Lease   string // lost
-	Name    string // lost
-	Token   uint64 // lost
-	Reason  string // lost
-	State   string // backend: "degraded" or "ok"
-	Message string // backend, shutdown
+	Kind     string // EventLost, EventBackend, EventShutdown or EventElected
+	Campaign string // elected; lost, when the lease was a campaign's term
+	Lease    string // lost, elected
+	Name     string // lost, elected
+	Token    uint64 // lost, elected
+	Reason   string // lost
+	State    string // backend: "degraded" or "ok"
+	Message  string // backend, shutdown
 }
 
 // Scope says when a lease ends on its own.
@@ -94,13 +96,14 @@ type Session struct {
 	opened time.Time
 
 	// Guarded by a.mu.
-	ttl     time.Duration
-	conn    Conn
-	backlog []Event            // events while no connection is attached
-	leases  map[string]*lease  // by name
-	pending map[string]*waiter // acquires in progress, by name
-	expiry  *time.Timer        // ends a detached session
-	ended   bool
+	ttl       time.Duration
+	conn      Conn
+	backlog   []Event              // events while no connection is attached
+	leases    map[string]*lease    // by name
+	pending   map[string]*waiter   // acquires in progress, by name
+	campaigns map[string]*campaign // by name
+	expiry    *time.Timer          // ends a detached session
+	ended     bool
 }
 
 // ID is the session id.
@@ -229,6 +232,11 @@ func (s *Session) Detach(conn Conn) {
 // them for the caller to release in the backend. a.mu is held.
 func (s *Session) detach() []*lease {
 	s.conn = nil
+	for _, c := range s.campaigns {
+		if c.req.Scope == ScopeConnection {
+			c.stop()
+		}
+	}
 	var gone []*lease
 	for _, l := range s.leases {
 		if l.scope == ScopeConnection {
@@ -249,6 +257,9 @@ func (s *Session) end(keepConn bool) []*lease {
 	s.ended = true
 	if s.expiry != nil {
 		s.expiry.Stop()
+	}
+	for _, c := range s.campaigns {
+		c.stop()
 	}
 	var gone []*lease
 	for _, l := range s.leases {
@@ -414,6 +425,7 @@ type SessionInfo struct {
 	OpenedFor time.Duration
 	Leases    []LeaseInfo
 	Waiting   []WaitInfo
+	Campaigns []CampaignInfo
 }
 
 // List describes the sessions of the caller's uid, or every session when all
@@ -443,6 +455,14 @@ func (s *Session) List(all bool) ([]SessionInfo, error) {
 			si.Waiting = append(si.Waiting, WaitInfo{Name: w.req.Name, Mode: w.req.Mode, WaitedFor: now.Sub(w.since)})
 		}
 		sort.Slice(si.Waiting, func(i, j int) bool { return si.Waiting[i].Name < si.Waiting[j].Name })
+		for _, c := range o.campaigns {
+			ci := CampaignInfo{ID: c.id, Name: c.req.Name, Leader: c.term != nil}
+			if c.term != nil {
+				ci.Lease = c.term.id
+			}
+			si.Campaigns = append(si.Campaigns, ci)
+		}
+		sort.Slice(si.Campaigns, func(i, j int) bool { return si.Campaigns[i].Name < si.Campaigns[j].Name })
 		out = append(out, si)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })

@@ -70,6 +70,18 @@ type AcquireRequest struct {
 	TTL   time.Duration
 	Meta  string // free text shown to inspect
 	Host  string // the host of the holder, shown to inspect
+	// Ticket, if set, is the waiter's place in the name's queue, the same
+	// for every attempt of one waiting acquire. Waiters are served first
+	// come, first served across every agent sharing the backend: a request
+	// with a ticket is granted only when the ticket is at the head of the
+	// queue, or shared with only shared tickets ahead of it (shared
+	// waiters at the head are granted together), and the holders allow
+	// it; otherwise the ticket joins the tail of the queue (or stays where
+	// it is) and the request is denied. A ticket lives for TTL from each
+	// attempt: a waiter that stops asking (its agent died) leaves the queue
+	// then. A request without a ticket (a try) is denied while any ticket
+	// is queued: it never jumps ahead of waiters.
+	Ticket string
 	// Deadline, if set, is when the answer stops being of use (the grant
 	// could no longer be handed out). A backend that waits on a network
 	// waits no longer, and never sends the request, or a retry of it,
@@ -121,6 +133,7 @@ type Holder struct {
 type LockInfo struct {
 	Holders   []Holder // empty when the name is free
 	LastToken uint64   // the last token granted for the name, 0 if unknown
+	Queued    int      // live tickets in the name's queue
 }
 
 // Backend stores locks. Every method is safe for concurrent use.
@@ -141,12 +154,19 @@ type Backend interface {
 	Release(ctx context.Context, l Lease) error
 	// Inspect reports the live holders of a name and its last token.
 	Inspect(ctx context.Context, name string) (LockInfo, error)
+	// Leave takes a ticket out of the name's queue, waking the waiters
+	// that may ask now. Leaving a ticket that is not queued is not an
+	// error.
+	Leave(ctx context.Context, name, ticket string) error
 	// Watch returns a channel that receives a value (coalesced) whenever
-	// name may have become free, and a function that ends the watch. The
-	// watch is in place when Watch returns, so a release after it is never
-	// missed. Notifications can still be lost on some backends: callers also
-	// retry after HeldError.RetryIn.
-	Watch(ctx context.Context, name string) (<-chan struct{}, func(), error)
+	// name may have become free for the waiter of ticket (a release, or
+	// the ticket reaching the head of the queue), and a function that ends
+	// the watch. Only the waiters that may ask are woken, not every waiter
+	// of the name. With ticket "" it receives every such notification of
+	// the name. The watch is in place when Watch returns, so a release
+	// after it is never missed. Notifications can still be lost on some
+	// backends: callers also retry after HeldError.RetryIn.
+	Watch(ctx context.Context, name, ticket string) (<-chan struct{}, func(), error)
 	// Close releases the backend's resources. Operations after Close return
 	// ErrClosed.
 	Close() error

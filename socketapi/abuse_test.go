@@ -33,7 +33,7 @@ func TestA7_ProtocolAbuse(t *testing.T) {
 		{`{"op":["ping"]}`, "invalid_argument"},
 		{`{"op":"ping","id":1e2}`, "bad_request"},
 		{`{"op":"PING"}`, "unknown_op"},
-		{`{"op":"campaign","name":"x"}`, "unknown_op"},
+		{`{"op":"elect","name":"x"}`, "unknown_op"},
 	} {
 		m := r.call(tc.line)
 		requireCode(t, m, tc.code)

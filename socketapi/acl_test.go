@@ -108,6 +108,9 @@ func TestACLTable(t *testing.T) {
 		{"uid 4004 with no rule", "acquire", "public/2", "exclusive", true},
 		{"daemon, a member of team", "acquire", "team/1", "exclusive", true},
 		{"daemon, a member of team", "acquire", "orders/4", "exclusive", false},
+		{"daemon, a member of team", "campaign", "orders/4", "", false},
+		{"uid 4004 with no rule", "campaign", "shared/z", "", false}, // a campaign's terms are exclusive
+		{"daemon, a member of team", "campaign", "team/leader", "", true},
 		// Groups come from the uid, not from the process's own list.
 		{"gid 4100 as a supplement", "acquire", "reports/44", "shared", false},
 		{"root, not listed anywhere", "acquire", "orders/5", "exclusive", false},

@@ -18,25 +18,35 @@ type Client struct {
 	nc     net.Conn
 	events chan Event
 
-	wmu     sync.Mutex // serializes writes
-	mu      sync.Mutex // guards nextID, pending and err; never held while writing
-	nextID  int64
-	pending map[string]chan response
-	err     error         // why the connection ended
-	closing chan struct{} // closed by Close: stop delivering events
-	once    sync.Once
-	done    chan struct{}
+	wmu       sync.Mutex // serializes writes
+	mu        sync.Mutex // guards nextID, pending, campaigns and err; never held while writing
+	nextID    int64
+	pending   map[string]pendingCall
+	campaigns map[string]*Campaign // by id: their events go to them, not to Events
+	err       error                // why the connection ended
+	closing   chan struct{}        // closed by Close: stop delivering events
+	once      sync.Once
+	done      chan struct{}
+}
+
+// pendingCall is a request awaiting its response. hook, if set, sees a
+// successful response on the reading goroutine before the next line is
+// read.
+type pendingCall struct {
+	ch   chan response
+	hook func(body []byte)
 }
 
 // Event is an event pushed by the agent.
 type Event struct {
-	Event   string `json:"event"`
-	Lease   string `json:"lease"`
-	Name    string `json:"name"`
-	Token   uint64 `json:"token"`
-	Reason  string `json:"reason"`
-	State   string `json:"state"`
-	Message string `json:"message"`
+	Event    string `json:"event"`
+	Campaign string `json:"campaign"`
+	Lease    string `json:"lease"`
+	Name     string `json:"name"`
+	Token    uint64 `json:"token"`
+	Reason   string `json:"reason"`
+	State    string `json:"state"`
+	Message  string `json:"message"`
 }
 
 // Error is a response with ok false.
@@ -67,7 +77,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", path, err)
 	}
-	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]chan response),
+	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]pendingCall),
 		closing: make(chan struct{}), done: make(chan struct{})}
 	go c.read()
 	return c, nil
@@ -103,20 +113,32 @@ func (c *Client) read() {
 		}
 		if head.Event != "" {
 			var ev Event
-			if json.Unmarshal(line, &ev) == nil {
-				select {
-				case c.events <- ev:
-				case <-c.closing:
-				}
+			if json.Unmarshal(line, &ev) != nil {
+				continue
+			}
+			c.mu.Lock()
+			cp := c.campaigns[ev.Campaign]
+			c.mu.Unlock()
+			if cp != nil {
+				cp.deliver(ev, c.closing)
+				continue
+			}
+			select {
+			case c.events <- ev:
+			case <-c.closing:
 			}
 			continue
 		}
 		c.mu.Lock()
-		ch := c.pending[string(head.ID)]
+		p, ok := c.pending[string(head.ID)]
 		delete(c.pending, string(head.ID))
 		c.mu.Unlock()
-		if ch != nil {
-			ch <- response{body: append([]byte(nil), line...)}
+		if ok {
+			body := append([]byte(nil), line...)
+			if p.hook != nil {
+				p.hook(body)
+			}
+			p.ch <- response{body: body}
 		}
 	}
 	err := sc.Err()
@@ -125,17 +147,27 @@ func (c *Client) read() {
 	}
 	c.mu.Lock()
 	c.err = err
-	for id, ch := range c.pending {
-		ch <- response{err: err}
+	for id, p := range c.pending {
+		p.ch <- response{err: err}
 		delete(c.pending, id)
 	}
+	campaigns := c.campaigns
+	c.campaigns = nil
 	c.mu.Unlock()
+	for _, cp := range campaigns {
+		cp.finish("connection closed")
+	}
 }
 
 // Call sends op with args (a map or struct whose fields are the request's
 // arguments; nil for none) and decodes the result into result (may be nil).
 // An answer with ok false is an *Error.
 func (c *Client) Call(ctx context.Context, op string, args any, result any) error {
+	return c.call(ctx, op, args, result, nil)
+}
+
+// call is Call with a hook (see pendingCall).
+func (c *Client) call(ctx context.Context, op string, args any, result any, hook func([]byte)) error {
 	ch := make(chan response, 1)
 	c.mu.Lock()
 	if c.err != nil {
@@ -149,7 +181,7 @@ func (c *Client) Call(ctx context.Context, op string, args any, result any) erro
 		c.mu.Unlock()
 		return err
 	}
-	c.pending[id] = ch
+	c.pending[id] = pendingCall{ch: ch, hook: hook}
 	c.mu.Unlock()
 	c.wmu.Lock()
 	_, err = c.nc.Write(line)

@@ -358,6 +358,9 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 	"ping":    (*conn).ping,
 	"status":  (*conn).status,
 	"bye":     (*conn).bye,
+
+	"campaign": (*conn).campaign,
+	"resign":   (*conn).resign,
 }
 
 func (c *conn) hello(req *request) (any, error) {
@@ -580,7 +583,7 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 		return true
 	}
 	info, err := c.sess.Inspect(ctx, *req.Name)
-	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken}
+	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken, Queued: info.Queued}
 	if len(info.Holders) > 0 {
 		res.Locked = true
 		m := info.Holders[0].Mode.String()
@@ -603,6 +606,7 @@ func (c *conn) list(_ context.Context, id json.RawMessage, req *request) bool {
 		for _, w := range si.Waiting {
 			sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
 		}
+		sj.Campaigns = toCampaigns(si.Campaigns)
 		res.Sessions = append(res.Sessions, sj)
 	}
 	c.reply(id, res, err)

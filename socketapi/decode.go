@@ -100,6 +100,8 @@ func (req *request) set(key string, v []byte) *decodeError {
 		return setStringPtr(key, v, &req.Meta)
 	case "lease":
 		return setStringPtr(key, v, &req.Lease)
+	case "campaign":
+		return setStringPtr(key, v, &req.Campaign)
 	case "version":
 		return setInt(key, v, &req.Version)
 	case "session_ttl_ms":

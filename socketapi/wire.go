@@ -85,6 +85,9 @@ type request struct {
 	Lease  *string
 	All    *bool
 	Target json.RawMessage
+
+	// resign
+	Campaign *string
 }
 
 type resumeArgs struct {
@@ -170,6 +173,7 @@ type inspectResult struct {
 	Mode      *string      `json:"mode"`
 	Holders   []holderJSON `json:"holders"`
 	LastToken uint64       `json:"last_token"`
+	Queued    int          `json:"queued"`
 }
 
 type listResult struct {
@@ -177,13 +181,14 @@ type listResult struct {
 }
 
 type sessionJSON struct {
-	Session  string          `json:"session"`
-	PID      int32           `json:"pid"`
-	UID      uint32          `json:"uid"`
-	Client   string          `json:"client"`
-	Attached bool            `json:"attached"`
-	Leases   []listLeaseJSON `json:"leases"`
-	Waiting  []waitingJSON   `json:"waiting"`
+	Session   string          `json:"session"`
+	PID       int32           `json:"pid"`
+	UID       uint32          `json:"uid"`
+	Client    string          `json:"client"`
+	Attached  bool            `json:"attached"`
+	Leases    []listLeaseJSON `json:"leases"`
+	Waiting   []waitingJSON   `json:"waiting"`
+	Campaigns []campaignJSON  `json:"campaigns"`
 }
 
 type listLeaseJSON struct {
@@ -224,18 +229,19 @@ type errorResponse struct {
 }
 
 type eventJSON struct {
-	Event   string  `json:"event"`
-	Lease   string  `json:"lease,omitempty"`
-	Name    string  `json:"name,omitempty"`
-	Token   *uint64 `json:"token,omitempty"`
-	Reason  string  `json:"reason,omitempty"`
-	State   string  `json:"state,omitempty"`
-	Message string  `json:"message,omitempty"`
+	Event    string  `json:"event"`
+	Campaign string  `json:"campaign,omitempty"`
+	Lease    string  `json:"lease,omitempty"`
+	Name     string  `json:"name,omitempty"`
+	Token    *uint64 `json:"token,omitempty"`
+	Reason   string  `json:"reason,omitempty"`
+	State    string  `json:"state,omitempty"`
+	Message  string  `json:"message,omitempty"`
 }
 
 func encodeEvent(ev agent.Event) []byte {
-	e := eventJSON{Event: ev.Kind, Lease: ev.Lease, Name: ev.Name, Reason: ev.Reason, State: ev.State, Message: ev.Message}
-	if ev.Kind == agent.EventLost {
+	e := eventJSON{Event: ev.Kind, Campaign: ev.Campaign, Lease: ev.Lease, Name: ev.Name, Reason: ev.Reason, State: ev.State, Message: ev.Message}
+	if ev.Kind == agent.EventLost || ev.Kind == agent.EventElected {
 		e.Token = &ev.Token
 	}
 	return marshalLine(e)

@@ -61,6 +61,10 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"RenewTakenOver", testRenewTakenOver},
 		{"Inspect", testInspect},
 		{"Watch", testWatch},
+		{"QueueOrder", testQueueOrder},
+		{"QueueShared", testQueueShared},
+		{"QueueWakesTheHead", testQueueWakesTheHead},
+		{"QueueTicketExpires", testQueueTicketExpires},
 		{"ConcurrentAcquire", testConcurrentAcquire},
 		{"CanceledContext", testCanceledContext},
 		{"Closed", testClosed},
@@ -537,13 +541,13 @@ func testInspect(t *testing.T, b backend.Backend) {
 
 func testWatch(t *testing.T, b backend.Backend) {
 	const name = "watch"
-	ch1, cancel1, err := b.Watch(t.Context(), name)
+	ch1, cancel1, err := b.Watch(t.Context(), name, "")
 	require.NoError(t, err)
 	defer cancel1()
-	ch2, cancel2, err := b.Watch(t.Context(), name)
+	ch2, cancel2, err := b.Watch(t.Context(), name, "")
 	require.NoError(t, err)
 	defer cancel2()
-	other, cancelOther, err := b.Watch(t.Context(), "watch/other")
+	other, cancelOther, err := b.Watch(t.Context(), "watch/other", "")
 	require.NoError(t, err)
 	defer cancelOther()
 
@@ -645,7 +649,7 @@ func testCanceledContext(t *testing.T, b backend.Backend) {
 	require.ErrorIs(t, b.Release(ctx, lease(a)), context.Canceled, "release")
 	_, err = b.Inspect(ctx, "ctx")
 	require.ErrorIs(t, err, context.Canceled, "inspect")
-	_, _, err = b.Watch(ctx, "ctx")
+	_, _, err = b.Watch(ctx, "ctx", "")
 	require.ErrorIs(t, err, context.Canceled, "watch")
 }
 
@@ -662,6 +666,147 @@ func testClosed(t *testing.T, b backend.Backend) {
 	require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrClosed, "release")
 	_, err = b.Inspect(t.Context(), "closed")
 	require.ErrorIs(t, err, backend.ErrClosed, "inspect")
-	_, _, err = b.Watch(t.Context(), "closed")
+	_, _, err = b.Watch(t.Context(), "closed", "")
 	require.ErrorIs(t, err, backend.ErrClosed, "watch")
+}
+
+// waiter is a waiting acquire's request: its lease id and its ticket.
+func waiter(name, id string, mode backend.Mode) backend.AcquireRequest {
+	req := request(name, id, mode)
+	req.Ticket = "q-" + id
+	return req
+}
+
+func requireQueued(t *testing.T, b backend.Backend, name string, n int) {
+	t.Helper()
+	require.Equal(t, n, mustInspect(t, b, name).Queued, "tickets queued for %s", name)
+}
+
+// testQueueOrder: waiters are granted in the order they first asked;
+// neither a later waiter nor a try jumps ahead, even when the name is
+// free.
+func testQueueOrder(t *testing.T, b backend.Backend) {
+	const name = "queue"
+	h := request(name, "h", backend.Exclusive)
+	mustAcquire(t, b, h)
+	w1, w2, w3 := waiter(name, "w1", backend.Exclusive), waiter(name, "w2", backend.Exclusive), waiter(name, "w3", backend.Exclusive)
+	for _, w := range []backend.AcquireRequest{w1, w2, w3} {
+		mustDeny(t, b, w)
+	}
+	mustDeny(t, b, w2) // asking again keeps its place
+	requireQueued(t, b, name, 3)
+	mustRelease(t, b, lease(h))
+
+	mustDeny(t, b, request(name, "try", backend.Exclusive))
+	mustDeny(t, b, request(name, "try", backend.Shared))
+	mustDeny(t, b, w3)
+	mustDeny(t, b, w2)
+	t1 := mustAcquire(t, b, w1)
+	requireQueued(t, b, name, 2)
+	mustRelease(t, b, lease(w1))
+	mustDeny(t, b, w3)
+	t2 := mustAcquire(t, b, w2)
+	mustRelease(t, b, lease(w2))
+	t3 := mustAcquire(t, b, w3)
+	require.Less(t, t1, t2)
+	require.Less(t, t2, t3)
+	requireQueued(t, b, name, 0)
+	mustRelease(t, b, lease(w3))
+	mustAcquire(t, b, request(name, "try", backend.Exclusive)) // nobody queues now
+}
+
+// testQueueShared: shared waiters at the head are granted together; once
+// an exclusive waiter queues, later shared ones wait behind it even while
+// the lock is held shared.
+func testQueueShared(t *testing.T, b backend.Backend) {
+	const name = "queue/shared"
+	r0 := request(name, "r0", backend.Shared)
+	mustAcquire(t, b, r0)
+	x := waiter(name, "x", backend.Exclusive)
+	mustDeny(t, b, x)
+	s1, s2 := waiter(name, "s1", backend.Shared), waiter(name, "s2", backend.Shared)
+	mustDeny(t, b, s1) // it could share with r0, but x waits ahead of it
+	mustDeny(t, b, s2)
+	mustRelease(t, b, lease(r0))
+	mustAcquire(t, b, x)
+	mustDeny(t, b, s1)
+	mustRelease(t, b, lease(x))
+	mustAcquire(t, b, s2) // the head is shared: both may go, in any order
+	mustAcquire(t, b, s1)
+	requireQueued(t, b, name, 0)
+
+	// Shared waiters behind an exclusive one do not go with the head.
+	x2 := waiter(name, "x2", backend.Exclusive)
+	s3 := waiter(name, "s3", backend.Shared)
+	mustDeny(t, b, x2)
+	mustDeny(t, b, s3)
+	mustRelease(t, b, lease(s1))
+	mustRelease(t, b, lease(s2))
+	mustDeny(t, b, s3)
+	mustAcquire(t, b, x2)
+}
+
+// testQueueWakesTheHead: a release wakes the waiter at the head, not the
+// ones behind it; when the head leaves, the next one is woken.
+func testQueueWakesTheHead(t *testing.T, b backend.Backend) {
+	const name = "queue/wake"
+	h := request(name, "h", backend.Exclusive)
+	mustAcquire(t, b, h)
+	w1, w2 := waiter(name, "w1", backend.Exclusive), waiter(name, "w2", backend.Exclusive)
+	ch1, stop1, err := b.Watch(t.Context(), name, w1.Ticket)
+	require.NoError(t, err)
+	defer stop1()
+	ch2, stop2, err := b.Watch(t.Context(), name, w2.Ticket)
+	require.NoError(t, err)
+	defer stop2()
+	all, stopAll, err := b.Watch(t.Context(), name, "")
+	require.NoError(t, err)
+	defer stopAll()
+	mustDeny(t, b, w1)
+	mustDeny(t, b, w2)
+	drain(ch1, ch2, all)
+
+	mustRelease(t, b, lease(h))
+	requireNotified(t, ch1, "the head not woken by the release")
+	requireNotified(t, all, "a watch without a ticket not woken by the release")
+	requireQuiet(t, ch2, "a waiter behind the head woken by the release")
+
+	require.NoError(t, b.Leave(t.Context(), name, w1.Ticket))
+	requireNotified(t, ch2, "the next waiter not woken when the head left")
+	require.NoError(t, b.Leave(t.Context(), name, w1.Ticket), "leaving twice")
+	require.NoError(t, b.Leave(t.Context(), "queue/none", "q-none"), "leaving a queue never joined")
+	requireQueued(t, b, name, 1)
+	mustAcquire(t, b, w2)
+}
+
+// drain empties notification channels.
+func drain(chs ...<-chan struct{}) {
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
+
+// testQueueTicketExpires: a waiter that stops asking (its agent died)
+// leaves the queue when its ticket's TTL runs out, and the next waiter is
+// granted.
+func testQueueTicketExpires(t *testing.T, b backend.Backend) {
+	const name = "queue/expiry"
+	dead := waiter(name, "dead", backend.Exclusive)
+	dead.TTL = shortTTL
+	h := request(name, "h", backend.Exclusive)
+	mustAcquire(t, b, h)
+	mustDeny(t, b, dead)
+	live := waiter(name, "live", backend.Exclusive)
+	mustDeny(t, b, live)
+	mustRelease(t, b, lease(h))
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		_, err := b.Acquire(t.Context(), live)
+		return err == nil
+	}, waitFor, tick, "the live waiter was never granted")
+	require.GreaterOrEqual(t, time.Since(start), shortTTL/2, "granted before the dead ticket expired")
+	requireQueued(t, b, name, 0)
 }

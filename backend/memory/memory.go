@@ -13,6 +13,12 @@
 // goroutine and no timer (it uses only time.Now, a mutex and channels), so it
 // runs unchanged inside a testing/synctest bubble.
 //
+// # Waiters
+//
+// Each name has a queue of tickets (see backend.AcquireRequest.Ticket),
+// pruned like holders when they expire; a watch with a ticket is woken only
+// when that ticket may ask.
+//
 // # Fencing tokens
 //
 // A token is epoch<<32 | seq. The epoch lives in the file "epoch" of the state
@@ -86,9 +92,9 @@ type Backend struct {
 	epoch    uint64 // written to the epoch file before any token of it
 	seq      uint64 // the last sequence number granted in epoch
 	names    map[string]*entry
-	sweepAt  int // adding a name to a table of this size sweeps it first
-	minSweep int // the floor of sweepAt: minSweep, lowered by tests
-	watchers map[string]map[chan struct{}]struct{}
+	sweepAt  int                                 // adding a name to a table of this size sweeps it first
+	minSweep int                                 // the floor of sweepAt: minSweep, lowered by tests
+	watchers map[string]map[chan struct{}]string // name -> channel -> its ticket
 }
 
 // entry is the state of one name.
@@ -97,6 +103,16 @@ type entry struct {
 	// of shared ones. It may hold expired holders until the next prune.
 	holders   map[string]*holder
 	lastToken uint64
+	// queue is the waiters' tickets in order of arrival. It may hold
+	// expired tickets until the next prune.
+	queue []*ticket
+}
+
+// ticket is one waiter's place in a name's queue.
+type ticket struct {
+	id      string
+	mode    backend.Mode
+	expires time.Time // monotonic; it leaves the queue at this instant
 }
 
 // holder is one lease on a name.
@@ -124,7 +140,7 @@ func Open(stateDir string) (*Backend, error) {
 		names:    make(map[string]*entry),
 		sweepAt:  minSweep,
 		minSweep: minSweep,
-		watchers: make(map[string]map[chan struct{}]struct{}),
+		watchers: make(map[string]map[chan struct{}]string),
 	}
 	if err := b.nextEpoch(); err != nil {
 		return nil, err
@@ -158,9 +174,14 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			h.expires = now.Add(req.TTL)
 			return backend.Grant{Token: h.token}, nil
 		}
-		if retryIn, denied := e.conflict(req, now); denied {
+		if retryIn, ok := e.mayAsk(req, now); !ok {
 			return backend.Grant{}, &backend.HeldError{RetryIn: retryIn}
 		}
+		if retryIn, denied := e.conflict(req, now); denied {
+			e.enqueue(req, now)
+			return backend.Grant{}, &backend.HeldError{RetryIn: retryIn}
+		}
+		e.dequeue(req.Ticket)
 	}
 	token, err := b.nextToken()
 	if err != nil {
@@ -218,7 +239,28 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 		return fmt.Errorf("memory: release %q: %w", l.Name, backend.ErrNotHeld)
 	}
 	delete(e.holders, l.LeaseID)
-	b.notify(l.Name)
+	b.notify(l.Name, e)
+	return nil
+}
+
+// Leave takes ticket out of name's queue, and wakes the waiters that may
+// ask once it is gone.
+func (b *Backend) Leave(ctx context.Context, name, id string) error {
+	if err := b.lock(ctx); err != nil {
+		return fmt.Errorf("memory: leave %q: %w", name, err)
+	}
+	defer b.mu.Unlock()
+	e := b.names[name]
+	if e == nil {
+		return nil
+	}
+	b.prune(name, e, time.Now())
+	i, g := e.index(id), e.headGroup()
+	e.dequeue(id)
+	if i >= 0 && i <= g+1 {
+		// The head may have changed: the next waiters may ask now.
+		b.notify(name, e)
+	}
 	return nil
 }
 
@@ -248,24 +290,26 @@ func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 	}
 	slices.SortFunc(info.Holders, func(x, y backend.Holder) int { return cmp.Compare(x.Token, y.Token) })
 	info.LastToken = e.lastToken
+	info.Queued = len(e.queue)
 	return info, nil
 }
 
 // Watch returns a channel that receives a value (coalesced) whenever a lease
-// on name is released or found expired, and a function, safe to call more
-// than once, that ends the watch. ctx bounds only the call: the watch lasts
-// until it is ended. Close wakes every watcher, so that waiters retry and see
-// ErrClosed.
-func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+// on name is released or found expired, or the queue ahead of ticket
+// changes, while ticket may ask (see backend.Backend), and a function, safe
+// to call more than once, that ends the watch. ctx bounds only the call:
+// the watch lasts until it is ended. Close wakes every watcher, so that
+// waiters retry and see ErrClosed.
+func (b *Backend) Watch(ctx context.Context, name, ticket string) (<-chan struct{}, func(), error) {
 	if err := b.lock(ctx); err != nil {
 		return nil, nil, fmt.Errorf("memory: watch %q: %w", name, err)
 	}
 	defer b.mu.Unlock()
 	ch := make(chan struct{}, 1)
 	if b.watchers[name] == nil {
-		b.watchers[name] = make(map[chan struct{}]struct{})
+		b.watchers[name] = make(map[chan struct{}]string)
 	}
-	b.watchers[name][ch] = struct{}{}
+	b.watchers[name][ch] = ticket
 	cancel := func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -287,7 +331,7 @@ func (b *Backend) Close() error {
 	}
 	b.closed = true
 	for name := range b.watchers {
-		b.notify(name)
+		b.notify(name, nil)
 	}
 	b.names, b.watchers = nil, nil
 	return nil
@@ -334,8 +378,8 @@ func conflicts(e *entry, mode backend.Mode) bool {
 	return false
 }
 
-// prune removes the holders of e that are dead at now and, if there were
-// any, notifies the watchers of name.
+// prune removes the holders and tickets of e that are dead at now and, if
+// there were any, notifies the watchers of name.
 func (b *Backend) prune(name string, e *entry, now time.Time) {
 	pruned := false
 	for id, h := range e.holders {
@@ -344,19 +388,93 @@ func (b *Backend) prune(name string, e *entry, now time.Time) {
 			pruned = true
 		}
 	}
-	if pruned {
-		b.notify(name)
+	n := len(e.queue)
+	e.queue = slices.DeleteFunc(e.queue, func(t *ticket) bool { return !now.Before(t.expires) })
+	if pruned || len(e.queue) < n {
+		b.notify(name, e)
 	}
 }
 
-// notify wakes the watchers of name without blocking: a watcher whose
+// notify wakes, without blocking, the watchers of name that may ask now:
+// those without a ticket, and those whose ticket is at the head of e's
+// queue (every watcher when e is nil or its queue empty). A watcher whose
 // channel is full already has a wake-up pending.
-func (b *Backend) notify(name string) {
-	for ch := range b.watchers[name] {
+func (b *Backend) notify(name string, e *entry) {
+	var head []*ticket
+	if e != nil && len(e.queue) > 0 {
+		head = e.queue[:e.headGroup()+1]
+	}
+	for ch, tk := range b.watchers[name] {
+		if tk != "" && len(head) > 0 && !slices.ContainsFunc(head, func(t *ticket) bool { return t.id == tk }) {
+			continue
+		}
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// headGroup is the index of the last ticket of the head of the queue: the
+// first ticket, and every shared one after a shared first. -1 when the
+// queue is empty.
+func (e *entry) headGroup() int {
+	switch {
+	case len(e.queue) == 0:
+		return -1
+	case e.queue[0].mode == backend.Exclusive:
+		return 0
+	}
+	i := 0
+	for i+1 < len(e.queue) && e.queue[i+1].mode == backend.Shared {
+		i++
+	}
+	return i
+}
+
+// index is the position of ticket in the queue, -1 if it is not there.
+func (e *entry) index(id string) int {
+	if id == "" {
+		return -1
+	}
+	return slices.IndexFunc(e.queue, func(t *ticket) bool { return t.id == id })
+}
+
+// mayAsk tells whether req may be granted as far as the queue goes: a try
+// only when nobody queues, a waiter when its ticket is at the head (see
+// headGroup) or the queue is empty. A waiter that may not ask joins the
+// queue (or renews its place); the retry hint is when the head ticket
+// expires if nobody renews it.
+func (e *entry) mayAsk(req backend.AcquireRequest, now time.Time) (time.Duration, bool) {
+	if len(e.queue) == 0 {
+		return 0, true
+	}
+	if i := e.index(req.Ticket); i >= 0 && i <= e.headGroup() {
+		return 0, true
+	}
+	if req.Ticket != "" {
+		e.enqueue(req, now)
+	}
+	return max(e.queue[0].expires.Sub(now), time.Nanosecond), false
+}
+
+// enqueue puts req's ticket at the tail of the queue, or renews its place
+// there.
+func (e *entry) enqueue(req backend.AcquireRequest, now time.Time) {
+	if req.Ticket == "" {
+		return
+	}
+	if i := e.index(req.Ticket); i >= 0 {
+		e.queue[i].expires = now.Add(req.TTL)
+		return
+	}
+	e.queue = append(e.queue, &ticket{id: req.Ticket, mode: req.Mode, expires: now.Add(req.TTL)})
+}
+
+// dequeue takes a ticket out of the queue.
+func (e *entry) dequeue(id string) {
+	if i := e.index(id); i >= 0 {
+		e.queue = slices.Delete(e.queue, i, i+1)
 	}
 }
 
@@ -366,7 +484,7 @@ func (b *Backend) add(name string, now time.Time) *entry {
 	if len(b.names) >= b.sweepAt {
 		for n, e := range b.names {
 			b.prune(n, e, now)
-			if len(e.holders) == 0 {
+			if len(e.holders) == 0 && len(e.queue) == 0 {
 				delete(b.names, n)
 			}
 		}

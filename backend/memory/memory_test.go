@@ -200,7 +200,7 @@ func TestLeaseIDInOtherModeIsNoSentinel(t *testing.T) {
 func TestExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := mustOpen(t, t.TempDir())
-		ch, cancel, err := b.Watch(t.Context(), "n")
+		ch, cancel, err := b.Watch(t.Context(), "n", "")
 		require.NoError(t, err)
 		defer cancel()
 		a := request("n", "a", 10*time.Second)
@@ -265,7 +265,7 @@ func TestSweepBoundsTable(t *testing.T) {
 func TestCloseWakesWatchers(t *testing.T) {
 	b, err := Open(t.TempDir())
 	require.NoError(t, err)
-	ch, cancel, err := b.Watch(t.Context(), "n")
+	ch, cancel, err := b.Watch(t.Context(), "n", "")
 	require.NoError(t, err)
 	require.NoError(t, b.Close())
 	require.Len(t, ch, 1)

@@ -7,9 +7,10 @@
 // Fencing tokens are max(last + 1, server time in µs), so they keep
 // increasing even when Redis loses its data (a restart without
 // persistence, a failover before replication) as long as the servers'
-// clocks do not run backwards. Releases publish on a channel that waiters
-// on every agent subscribe to. The package knows nothing of sessions or
-// sockets.
+// clocks do not run backwards. Waiters queue in Redis, first come, first
+// served across agents, and a release publishes, on a channel that the
+// agents with waiters subscribe to, the tickets of the waiters that may go.
+// The package knows nothing of sessions or sockets.
 package redis
 
 import (
@@ -128,12 +129,12 @@ func infoField(info, key string) string {
 // keys of a name. The name is the hash tag unless it holds a brace, which
 // would end the tag early; then a digest of it is.
 type keys struct {
-	x, r, t, f, c string
+	x, r, t, f, q, qe, c string
 }
 
 func (b *Backend) keys(name string) keys {
 	base := b.prefix + ":lk:{" + b.tag(name) + "}"
-	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", c: base + ":c"}
+	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", q: base + ":q", qe: base + ":qe", c: base + ":c"}
 }
 
 // tag is the hash tag of a name's keys.
@@ -167,8 +168,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		defer cancel()
 	}
 	k := b.keys(req.Name)
-	res, err := b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f},
-		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds()).Slice()
+	res, err := b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
 	if err != nil {
 		return backend.Grant{}, b.fail("acquire", req.Name, err)
 	}
@@ -203,7 +204,7 @@ func (b *Backend) fail(op, name string, err error) error {
 // Release ends a lease and wakes the waiters of its name.
 func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	k := b.keys(l.Name)
-	v, err := b.batch.run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c}, l.LeaseID, modeArg(l.Mode)).Int64()
+	v, err := b.batch.run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
 		return b.fail("release", l.Name, err)
 	}
@@ -213,21 +214,32 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	return nil
 }
 
+// Leave takes a ticket out of the name's queue; see backend.Backend.
+func (b *Backend) Leave(ctx context.Context, name, ticket string) error {
+	k := b.keys(name)
+	if err := leaveScript.Run(ctx, b.c, []string{k.q, k.qe, k.c}, ticket).Err(); err != nil {
+		return b.fail("leave", name, err)
+	}
+	return nil
+}
+
 // Inspect reports the live holders of a name and its last token.
 func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
 	k := b.keys(name)
-	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f}).Slice()
+	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f, k.qe}).Slice()
 	if err != nil {
 		return backend.LockInfo{}, b.fail("inspect", name, err)
 	}
 	info := backend.LockInfo{Holders: []backend.Holder{}}
 	last, _ := res[0].(int64)
 	info.LastToken = uint64(last)
+	queued, _ := res[1].(int64)
+	info.Queued = int(queued)
 	mode := backend.Exclusive
-	if m, _ := res[1].(string); m == "s" {
+	if m, _ := res[2].(string); m == "s" {
 		mode = backend.Shared
 	}
-	for i := 2; i+4 < len(res); i += 5 {
+	for i := 3; i+4 < len(res); i += 5 {
 		h := backend.Holder{Mode: mode}
 		h.LeaseID, _ = res[i].(string)
 		tok, _ := res[i+1].(int64)
@@ -242,8 +254,8 @@ func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 }
 
 // Watch subscribes to the name's release channel; see backend.Backend.
-func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	return b.w.watch(ctx, b.keys(name).c)
+func (b *Backend) Watch(ctx context.Context, name, ticket string) (<-chan struct{}, func(), error) {
+	return b.w.watch(ctx, b.keys(name).c, ticket)
 }
 
 // Close closes the subscription and the client.

@@ -12,7 +12,10 @@ import goredis "github.com/redis/go-redis/v9"
 //	R  ZSET    shared holders: leaseID scored by expiry (server ms)
 //	T  HASH    shared holders: leaseID -> "token|host|meta"
 //	F  STRING  the last fencing token, kept for fenceTTL after each grant
-//	C          the channel a release publishes on
+//	Q  ZSET    the waiters' queue: "<mode>:<ticket>" scored by arrival
+//	QE ZSET    the same members scored by expiry (server ms)
+//	C          the channel a release publishes on: the tickets that may
+//	           ask now (space-separated), or "*" when nobody queues
 //
 // A lease is alive while now <= expiry. Numbers are formatted with %d:
 // Lua 5.1's default formatting loses digits above 1e14.
@@ -35,6 +38,47 @@ local function expire_shared(R, T)
   redis.call('PEXPIREAT', R, top[2])
   redis.call('PEXPIREAT', T, top[2])
 end
+-- prune_queue drops the tickets that expired; it returns how many.
+local function prune_queue(Q, QE)
+  local dead = redis.call('ZRANGEBYSCORE', QE, '-inf', string.format('(%d', now), 'LIMIT', 0, 256)
+  if #dead > 0 then
+    redis.call('ZREM', Q, unpack(dead))
+    redis.call('ZREM', QE, unpack(dead))
+  end
+  return #dead
+end
+-- head_group is the members at the head of the queue, who may ask: the
+-- first, and every shared one after a shared first (256 at most).
+local function head_group(Q)
+  local first = redis.call('ZRANGE', Q, 0, 255)
+  local out = {}
+  for i, m in ipairs(first) do
+    if i > 1 and (string.sub(m, 1, 1) ~= 's' or string.sub(first[1], 1, 1) ~= 's') then break end
+    out[i] = m
+  end
+  return out
+end
+-- wake tells the waiters at the head of the queue, on every agent, that
+-- they may ask: it publishes their tickets, or '*' when nobody queues.
+local function wake(Q, C)
+  local g = head_group(Q)
+  if #g == 0 then
+    redis.call('PUBLISH', C, '*')
+    return
+  end
+  for i, m in ipairs(g) do g[i] = string.sub(m, 3) end
+  redis.call('PUBLISH', C, table.concat(g, ' '))
+end
+-- expire_queue keeps the queue's keys as long as its last ticket.
+local function expire_queue(Q, QE)
+  local top = redis.call('ZRANGE', QE, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('DEL', Q, QE)
+    return
+  end
+  redis.call('PEXPIREAT', Q, top[2])
+  redis.call('PEXPIREAT', QE, top[2])
+end
 local function prune(R, T)
   local dead = redis.call('ZRANGEBYSCORE', R, '-inf', string.format('(%d', now), 'LIMIT', 0, 256)
   if #dead > 0 then
@@ -44,18 +88,21 @@ local function prune(R, T)
 end
 `
 
-// acquireScript: KEYS X R T F; ARGV leaseID, mode (x|s), ttl ms, limit
-// (0: none), host, meta, fence ttl ms.
-// Returns {1, token} granted, {0, retry ms} held, {-1, 0} the lease id
-// holds the name in the other mode, {-2, key} a key lockagent did not write.
+// acquireScript: KEYS X R T F Q QE C; ARGV leaseID, mode (x|s), ttl ms,
+// limit (0: none), host, meta, fence ttl ms, ticket (empty for a try).
+// Returns {1, token} granted, {0, retry ms} held (a ticket is then in the
+// queue), {-1, 0} the lease id holds the name in the other mode, {-2, key}
+// a key lockagent did not write.
 var acquireScript = goredis.NewScript(common + `
-local X, R, T, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local X, R, T, F, Q, QE, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, mode, ttl, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local kx, kr, kt, kf = kind(X), kind(R), kind(T), kind(F)
+local kx, kr, kt, kf, kq, kqe = kind(X), kind(R), kind(T), kind(F), kind(Q), kind(QE)
 if kx ~= 'none' and kx ~= 'hash' then return {-2, X} end
 if kr ~= 'none' and kr ~= 'zset' then return {-2, R} end
 if kt ~= 'none' and kt ~= 'hash' then return {-2, T} end
 if kf ~= 'none' and kf ~= 'string' then return {-2, F} end
+if kq ~= 'none' and kq ~= 'zset' then return {-2, Q} end
+if kqe ~= 'none' and kqe ~= 'zset' then return {-2, QE} end
 local last = 0
 if kf == 'string' then
   last = tonumber(redis.call('GET', F))
@@ -69,60 +116,107 @@ local function fence()
 end
 local rec = string.format('|%s|%s', ARGV[5], ARGV[6])
 
+-- The queue: a try may go only when nobody queues; a waiter when its
+-- ticket heads the queue (see head_group), or nobody queues. Otherwise,
+-- and when the holders deny it, a waiter's ticket joins the queue's tail
+-- or renews its place.
+local member = ''
+if ARGV[8] ~= '' then member = mode .. ':' .. ARGV[8] end
+local queued, rank = 0, nil
+if kq == 'zset' then
+  if prune_queue(Q, QE) > 0 then wake(Q, C) end
+  queued = redis.call('ZCARD', Q)
+  if member ~= '' then rank = redis.call('ZRANK', Q, member) end
+end
+local function held(retry)
+  if member ~= '' then
+    if not rank then
+      local last = redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')
+      local seq = 1
+      if #last > 0 then seq = tonumber(last[2]) + 1 end
+      redis.call('ZADD', Q, seq, member)
+    end
+    redis.call('ZADD', QE, now + ttl, member)
+    expire_queue(Q, QE)
+  end
+  return {0, math.max(retry, 1)}
+end
+local function granted(tok)
+  if rank then
+    redis.call('ZREM', Q, member)
+    redis.call('ZREM', QE, member)
+    expire_queue(Q, QE)
+  end
+  return {1, tok}
+end
+
 if kx == 'hash' then
   local hid, htok = owner(X)
   if not hid then return {-2, X} end
-  if hid ~= id then return {0, redis.call('PTTL', X)} end
+  if hid ~= id then return held(redis.call('PTTL', X)) end
   if mode ~= 'x' then return {-1, 0} end
   redis.call('PEXPIRE', X, ttl)
-  return {1, htok}
+  return granted(htok)
+end
+if mode == 's' then
+  local mine = redis.call('ZSCORE', R, id)
+  if mine and tonumber(mine) >= now then
+    local tok = string.match(redis.call('HGET', T, id) or '', '^(%d+)|')
+    if tok then
+      redis.call('ZADD', R, now + ttl, id)
+      expire_shared(R, T)
+      return granted(tonumber(tok))
+    end
+  end
+elseif kr == 'zset' and redis.call('ZSCORE', R, id) then
+  return {-1, 0}
+end
+
+if queued > 0 then
+  local g = head_group(Q)
+  local head = false
+  for _, m in ipairs(g) do head = head or m == member end
+  if not head then
+    return held((tonumber(redis.call('ZSCORE', QE, g[1])) or now) - now)
+  end
 end
 
 if mode == 'x' then
   if kr == 'zset' then
-    if redis.call('ZSCORE', R, id) then return {-1, 0} end
     prune(R, T)
     local top = redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')
-    if #top > 0 then return {0, tonumber(top[2]) - now} end
+    if #top > 0 then return held(tonumber(top[2]) - now) end
     redis.call('DEL', R, T)
   end
   local tok = fence()
   redis.call('HSET', X, 'o', id, 'k', string.format('%d', tok), 'h', ARGV[5], 'm', ARGV[6])
   redis.call('PEXPIRE', X, ttl)
-  return {1, tok}
+  return granted(tok)
 end
 
-local mine = redis.call('ZSCORE', R, id)
-if mine and tonumber(mine) >= now then
-  local tok = string.match(redis.call('HGET', T, id) or '', '^(%d+)|')
-  if tok then
-    redis.call('ZADD', R, now + ttl, id)
-    expire_shared(R, T)
-    return {1, tonumber(tok)}
-  end
-end
 prune(R, T)
 if limit > 0 then
   local live = redis.call('ZRANGEBYSCORE', R, now, '+inf', 'WITHSCORES')
-  if #live / 2 >= limit then return {0, tonumber(live[2]) - now} end
+  if #live / 2 >= limit then return held(tonumber(live[2]) - now) end
 end
 local tok = fence()
 redis.call('ZADD', R, now + ttl, id)
 redis.call('HSET', T, id, string.format('%d', tok) .. rec)
 expire_shared(R, T)
-return {1, tok}
+return granted(tok)
 `)
 
-// releaseScript: KEYS X R T C; ARGV leaseID, mode.
-// Returns 1 released, 0 not held by that lease. A release publishes on C so
-// that waiters, on every agent, try again at once.
+// releaseScript: KEYS X R T C Q QE; ARGV leaseID, mode.
+// Returns 1 released, 0 not held by that lease. A release wakes the
+// waiters at the head of the queue, on every agent (wake).
 var releaseScript = goredis.NewScript(common + `
-local X, R, T, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local X, R, T, C, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, mode = ARGV[1], ARGV[2]
+if kind(Q) == 'zset' then prune_queue(Q, QE) end
 if mode == 'x' then
   if kind(X) == 'hash' and owner(X) == id then
     redis.call('DEL', X)
-    redis.call('PUBLISH', C, 'x')
+    wake(Q, C)
     return 1
   end
   return 0
@@ -135,29 +229,52 @@ redis.call('HDEL', T, id)
 prune(R, T)
 expire_shared(R, T)
 if tonumber(s) < now then return 0 end
-redis.call('PUBLISH', C, 's')
+wake(Q, C)
 return 1
 `)
 
-// inspectScript: KEYS X R T F. Read-only: it prunes nothing.
-// Returns {last token, mode ('x', 's' or ”), then per live holder:
-// leaseID, token, host, meta, ms to expiry}.
+// leaveScript: KEYS Q QE C; ARGV ticket.
+// Returns 1 when the ticket was queued, 0 otherwise. When the head of the
+// queue may have changed, the waiters there are woken.
+var leaveScript = goredis.NewScript(common + `
+local Q, QE, C = KEYS[1], KEYS[2], KEYS[3]
+if kind(Q) ~= 'zset' then return 0 end
+local member = 'x:' .. ARGV[1]
+local rank = redis.call('ZRANK', Q, member)
+if not rank then
+  member = 's:' .. ARGV[1]
+  rank = redis.call('ZRANK', Q, member)
+end
+if not rank then return 0 end
+local g = head_group(Q)
+redis.call('ZREM', Q, member)
+redis.call('ZREM', QE, member)
+expire_queue(Q, QE)
+if rank <= #g then wake(Q, C) end
+return 1
+`)
+
+// inspectScript: KEYS X R T F QE. Read-only: it prunes nothing.
+// Returns {last token, live tickets queued, mode ('x', 's' or ”), then per
+// live holder: leaseID, token, host, meta, ms to expiry}.
 var inspectScript = goredis.NewScript(`#!lua flags=no-writes
 ` + common + `
-local X, R, T, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local X, R, T, F, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local last = 0
 if kind(F) == 'string' then last = tonumber(redis.call('GET', F)) or 0 end
+local queued = 0
+if kind(QE) == 'zset' then queued = redis.call('ZCOUNT', QE, now, '+inf') end
 if kind(X) == 'hash' then
   local v = redis.call('HMGET', X, 'o', 'k', 'h', 'm')
-  return {last, 'x', v[1] or '', tonumber(v[2]) or 0, v[3] or '', v[4] or '', redis.call('PTTL', X)}
+  return {last, queued, 'x', v[1] or '', tonumber(v[2]) or 0, v[3] or '', v[4] or '', redis.call('PTTL', X)}
 end
-local out = {last, ''}
+local out = {last, queued, ''}
 if kind(R) == 'zset' and kind(T) == 'hash' then
   local live = redis.call('ZRANGEBYSCORE', R, now, '+inf', 'WITHSCORES')
   for i = 1, #live, 2 do
     local rec = redis.call('HGET', T, live[i]) or ''
     local tok, host, meta = string.match(rec, '^(%d+)|([^|]*)|(.*)$')
-    out[2] = 's'
+    out[3] = 's'
     table.insert(out, live[i])
     table.insert(out, tonumber(tok) or 0)
     table.insert(out, host or '')
@@ -168,4 +285,4 @@ end
 return out
 `)
 
-var scripts = []*goredis.Script{acquireScript, renewScript, releaseScript, inspectScript}
+var scripts = []*goredis.Script{acquireScript, renewScript, releaseScript, leaveScript, inspectScript}

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +32,7 @@ type watches struct {
 type subscription struct {
 	confirmed chan struct{} // closed when Redis confirms the SUBSCRIBE
 	isConfirm bool
-	watchers  map[chan struct{}]struct{}
+	watchers  map[chan struct{}]string // each watcher's ticket
 }
 
 func newWatches(c goredis.UniversalClient, log hclog.Logger) *watches {
@@ -62,21 +63,38 @@ func (w *watches) dispatch(ch <-chan any) {
 			}
 		case *goredis.Message:
 			if s := w.subs[m.Channel]; s != nil {
-				for c := range s.watchers {
-					select {
-					case c <- struct{}{}:
-					default:
-					}
-				}
+				s.wake(m.Payload)
 			}
 		}
 		w.mu.Unlock()
 	}
 }
 
-// watch adds a watcher of channel and waits, a bounded time, for the
-// subscription to be confirmed.
-func (w *watches) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+// wake delivers one message: "*" (nobody queues) wakes every watcher;
+// otherwise the message lists the tickets that may ask now, and wakes
+// them and the watchers without a ticket. w.mu is held.
+func (s *subscription) wake(msg string) {
+	var may map[string]bool
+	if msg != "*" {
+		may = map[string]bool{"": true}
+		for _, t := range strings.Fields(msg) {
+			may[t] = true
+		}
+	}
+	for c, ticket := range s.watchers {
+		if may != nil && !may[ticket] {
+			continue
+		}
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// watch adds a watcher of channel for ticket and waits, a bounded time,
+// for the subscription to be confirmed.
+func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan struct{}, func(), error) {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -85,7 +103,7 @@ func (w *watches) watch(ctx context.Context, channel string) (<-chan struct{}, f
 	c := make(chan struct{}, 1)
 	s := w.subs[channel]
 	if s == nil {
-		s = &subscription{confirmed: make(chan struct{}), watchers: make(map[chan struct{}]struct{})}
+		s = &subscription{confirmed: make(chan struct{}), watchers: make(map[chan struct{}]string)}
 		w.subs[channel] = s
 		sctx, cancel := context.WithTimeout(ctx, confirmWait)
 		err := w.ps.Subscribe(sctx, channel)
@@ -96,7 +114,7 @@ func (w *watches) watch(ctx context.Context, channel string) (<-chan struct{}, f
 			w.log.Debug("subscribe failed", "channel", channel, "error", err)
 		}
 	}
-	s.watchers[c] = struct{}{}
+	s.watchers[c] = ticket
 	w.mu.Unlock()
 
 	stop := sync.OnceFunc(func() {

@@ -35,6 +35,7 @@ commands:
   ctl break NAME                                        admin: end every lease on a name
   ctl status [-json]                                    version, uptime, backend state, counts
   run [-wait DUR] [-shared] NAME -- CMD [ARGS...]       run a command while holding a lock
+  run -elect NAME [-ttl DUR] -- CMD [ARGS...]           run a command whenever this host leads NAME
   config check [-config FILE]                           validate and print the configuration
   version                                               version, commit, Go version
 

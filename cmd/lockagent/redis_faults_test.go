@@ -216,8 +216,8 @@ func (m *fltMonitor) scriptCalls() []fltCommand {
 
 // calls counts, per kind, the script calls about leaseID that Redis ran
 // at or after since. The scripts are told apart by their key count and
-// arguments (backend/redis/scripts.go): renew has 3 keys; acquire 4 keys
-// and 7 arguments; release 4 keys and 2 arguments.
+// arguments (backend/redis/scripts.go): renew has 3 keys; acquire 7 keys
+// and 8 arguments; release 6 keys and 2 arguments.
 func (m *fltMonitor) calls(leaseID string, since time.Time) (renews, acquires, releases int) {
 	for _, c := range m.scriptCalls() {
 		if c.at.Before(since) {
@@ -230,9 +230,9 @@ func (m *fltMonitor) calls(leaseID string, since time.Time) (renews, acquires, r
 		switch nargs := len(c.args) - 3 - nkeys; {
 		case nkeys == 3:
 			renews++
-		case nkeys == 4 && nargs == 7:
+		case nkeys == 7 && nargs == 8:
 			acquires++
-		case nkeys == 4 && nargs == 2:
+		case nkeys == 6 && nargs == 2:
 			releases++
 		}
 	}
@@ -244,7 +244,7 @@ func (m *fltMonitor) acquireTimes(leaseID string) []time.Time {
 	var out []time.Time
 	for _, c := range m.scriptCalls() {
 		nkeys, err := strconv.Atoi(c.args[2])
-		if err == nil && nkeys == 4 && len(c.args) == 3+nkeys+7 && c.args[3+nkeys] == leaseID {
+		if err == nil && nkeys == 7 && len(c.args) == 3+nkeys+8 && c.args[3+nkeys] == leaseID {
 			out = append(out, c.at)
 		}
 	}
@@ -258,7 +258,7 @@ func (m *fltMonitor) acquireLeases(name string) []string {
 	seen := map[string]bool{}
 	for _, c := range m.scriptCalls() {
 		nkeys, err := strconv.Atoi(c.args[2])
-		if err == nil && nkeys == 4 && len(c.args) == 3+nkeys+7 && c.args[3] == lockKey(name) && !seen[c.args[3+nkeys]] {
+		if err == nil && nkeys == 7 && len(c.args) == 3+nkeys+8 && c.args[3] == lockKey(name) && !seen[c.args[3+nkeys]] {
 			seen[c.args[3+nkeys]] = true
 			out = append(out, c.args[3+nkeys])
 		}
@@ -293,11 +293,11 @@ func (m *fltMonitor) trace(name string, base time.Time) string {
 		switch nargs := len(c.args) - 3 - nkeys; {
 		case nkeys == 3:
 			kind = "renew"
-		case nkeys == 4 && nargs == 7:
+		case nkeys == 7 && nargs == 8:
 			kind = "acquire"
-		case nkeys == 4 && nargs == 2:
+		case nkeys == 6 && nargs == 2:
 			kind = "release"
-		case nkeys == 4:
+		case nkeys == 5:
 			kind = "inspect"
 		}
 		fmt.Fprintf(&b, "\n  %+7dms %-7s %s", c.at.Sub(base).Milliseconds(), kind, lease)

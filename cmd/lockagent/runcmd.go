@@ -25,14 +25,26 @@ func runCmd(args []string, stderr io.Writer) error {
 	wait := fs.Duration("wait", -1, "how long to wait for the lock (default: without limit)")
 	shared := fs.Bool("shared", false, "take the lock shared")
 	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long before SIGKILL")
+	elect := fs.String("elect", "", "campaign for leadership of `NAME`; run the command while leader")
+	ttl := fs.Duration("ttl", 0, "with -elect: the leadership lease's TTL (default: the agent's)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	rest := fs.Args()
-	if len(rest) < 3 || rest[1] != "--" {
+	var name string
+	var argv []string
+	switch {
+	case *elect != "":
+		// The flag parser consumed the "--" that ends the flags.
+		if len(rest) == 0 || len(args) <= len(rest) || args[len(args)-len(rest)-1] != "--" {
+			return usageError{"usage: lockagent run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]"}
+		}
+		name, argv = *elect, rest
+	case len(rest) < 3 || rest[1] != "--":
 		return usageError{"usage: lockagent run [-wait DUR] [-shared] NAME -- CMD [ARGS...]"}
+	default:
+		name, argv = rest[0], rest[2:]
 	}
-	name, argv := rest[0], rest[2:]
 
 	// Signals that would stop us go to the command instead, once it runs.
 	sigs := make(chan os.Signal, 4)
@@ -46,6 +58,9 @@ func runCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer c.Close()
+	if *elect != "" {
+		return runElected(ctx, c, name, argv, *ttl, *grace, sigs, stderr)
+	}
 
 	req := map[string]any{"name": name, "wait_ms": -1}
 	if *wait >= 0 {
@@ -75,14 +90,10 @@ func runCmd(args []string, stderr io.Writer) error {
 		return exitError{exitTempFail}
 	}
 
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
-	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(res.Token, 10), "LOCKAGENT_LEASE="+res.Lease, "LOCKAGENT_NAME="+name)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("run %s: %w", argv[0], err)
+	cmd, exited, err := startCommand(argv, name, res.Lease, res.Token, stderr)
+	if err != nil {
+		return err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 
 	var kill <-chan time.Time
 	events := c.Events()
@@ -107,6 +118,20 @@ func runCmd(args []string, stderr io.Writer) error {
 			cmd.Process.Kill()
 		}
 	}
+}
+
+// startCommand starts argv with the lease in its environment; its exit
+// status comes on the channel.
+func startCommand(argv []string, name, leaseID string, token uint64, stderr io.Writer) (*exec.Cmd, <-chan error, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
+	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(token, 10), "LOCKAGENT_LEASE="+leaseID, "LOCKAGENT_NAME="+name)
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("run %s: %w", argv[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return cmd, exited, nil
 }
 
 func lostReason(ev socketapi.Event, ok bool) string {

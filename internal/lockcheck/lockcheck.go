@@ -1,8 +1,9 @@
 // Package lockcheck checks histories of lock operations recorded by the
 // tests: a porcupine linearizability model of a lock partitioned by name
-// (one holder at a time, tokens increasing), and a fenced register that
-// plays a resource refusing stale tokens. It is test support: nothing in
-// the agent imports it.
+// (one holder at a time, tokens increasing), checkers of leader election
+// (one leader at a time, rising tokens) and of first-come-first-served
+// waiting, and a fenced register that plays a resource refusing stale
+// tokens. It is test support: nothing in the agent imports it.
 package lockcheck
 
 import (

@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// A campaign is a session's standing bid for leadership of a name. The
+// leader is the holder of an ordinary exclusive lease on the name (its
+// term), so every agent sharing the backend agrees on it, inspect shows
+// it, and its token fences it. The campaign waits for the lease like any
+// waiting acquire; when it gets it the session is told `elected`; when the
+// lease ends (lost, released, broken) the campaign contends again on its
+// own, until it is resigned or its scope ends.
+
+// CampaignRequest is the arguments of campaign.
+type CampaignRequest struct {
+	Name  string
+	Scope Scope         // of the campaign and of each term's lease
+	TTL   time.Duration // of each term's lease; 0: the default
+	Meta  string        // of each term's lease, shown to inspect
+	// Started, if set, is called with the campaign's id with the agent's
+	// lock held, before any event of the campaign can be sent. It must
+	// not block.
+	Started func(id string)
+}
+
+// campaign is one campaign in progress. Its mutable fields are guarded by
+// Agent.mu.
+type campaign struct {
+	id     string
+	s      *Session
+	req    AcquireRequest
+	cancel context.CancelFunc
+	done   chan struct{} // closed when its loop has returned
+	ended  chan struct{} // a value when the current term has ended
+	term   *lease        // the current term's lease, nil while contending
+}
+
+// termEnded records that l, a term of c, has ended. a.mu is held.
+func (c *campaign) termEnded(l *lease) {
+	if c.term != l {
+		return
+	}
+	c.term = nil
+	select {
+	case c.ended <- struct{}{}:
+	default:
+	}
+}
+
+// campaignBackoff bounds the pause after a failed attempt (the backend
+// unreachable) before the campaign contends again.
+const campaignBackoff = time.Second
+
+// Campaign starts a campaign of the session for leadership of req.Name.
+// It returns the campaign's id at once; `elected` events follow each time
+// the campaign wins a term. A session campaigns at most once per name, and
+// not for a name it holds or is acquiring; a campaign counts against the
+// session's lease limit, and needs the access rules to allow the name in
+// exclusive mode.
+func (s *Session) Campaign(req CampaignRequest) (string, error) {
+	a := s.a
+	ar := AcquireRequest{Name: req.Name, Mode: backend.Exclusive, Scope: req.Scope, TTL: req.TTL, Wait: WaitForever, Meta: req.Meta}
+	if err := a.validateAcquire(&ar); err != nil {
+		return "", err
+	}
+	if err := a.allow(s.peer, req.Name, backend.Exclusive); err != nil {
+		return "", err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.closing:
+		return "", ErrShuttingDown
+	case s.ended:
+		return "", ErrSessionEnded
+	case s.campaigns[req.Name] != nil:
+		return "", invalidArg("the session already campaigns for %q", req.Name)
+	case s.leases[req.Name] != nil:
+		return "", &AlreadyHeldError{Lease: s.leases[req.Name].public()}
+	case s.pending[req.Name] != nil:
+		return "", invalidArg("an acquire of %q is already in progress in this session", req.Name)
+	case s.held() >= a.cfg.MaxLeasesPerSession:
+		return "", fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &campaign{id: newID("c_"), s: s, req: ar, cancel: cancel,
+		done: make(chan struct{}), ended: make(chan struct{}, 1)}
+	// The elected event goes out with the grant, under a.mu, before any
+	// event of the new lease.
+	c.req.Granted = func(l Lease) {
+		c.term = a.leases[l.ID]
+		s.send(Event{Kind: EventElected, Campaign: c.id, Name: l.Name, Lease: l.ID, Token: l.Token})
+	}
+	if s.campaigns == nil {
+		s.campaigns = make(map[string]*campaign)
+	}
+	s.campaigns[req.Name] = c
+	if req.Started != nil {
+		req.Started(c.id)
+	}
+	a.log.Debug("campaign started", "name", req.Name, "campaign", c.id, "session", s.id)
+	a.wg.Add(1)
+	go a.runCampaign(ctx, c)
+	return c.id, nil
+}
+
+// runCampaign contends for c's name, term after term, until ctx is done or
+// the session or the agent ends.
+func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
+	defer a.wg.Done()
+	defer close(c.done)
+	for {
+		_, err := c.s.acquire(ctx, c.req, c)
+		switch {
+		case ctx.Err() != nil, errors.Is(err, ErrShuttingDown), errors.Is(err, ErrSessionEnded):
+			return
+		case err != nil:
+			// The backend failed (or the agent's waiters are at their
+			// limit): the campaign never gives up on its own.
+			a.log.Warn("campaign attempt failed; contending again", "name", c.req.Name, "campaign", c.id, "error", err)
+			t := time.NewTimer(min(c.req.TTL/3, campaignBackoff))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		a.log.Info("elected", "name", c.req.Name, "campaign", c.id, "session", c.s.id)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.ended:
+		}
+	}
+}
+
+// Resign ends a campaign of the session: it stops contending and, if it
+// leads, releases its term's lease, before Resign returns.
+func (s *Session) Resign(ctx context.Context, id string) error {
+	a := s.a
+	a.mu.Lock()
+	var c *campaign
+	for _, o := range s.campaigns {
+		if o.id == id {
+			c = o
+		}
+	}
+	if c == nil {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: no campaign %q in this session", ErrNotHeld, id)
+	}
+	term := c.stop()
+	if term != nil {
+		a.dropLease(term)
+	}
+	a.mu.Unlock()
+	<-c.done
+	if term != nil {
+		a.releaseBackend(ctx, term)
+	}
+	return nil
+}
+
+// stop ends the campaign without waiting for its loop, and returns its
+// current term's lease, if any, still in the agent's books. An acquire in
+// flight sees the cancelled context under a.mu and hands nothing out.
+// a.mu is held.
+func (c *campaign) stop() *lease {
+	if c.s.campaigns[c.req.Name] == c {
+		delete(c.s.campaigns, c.req.Name)
+	}
+	c.cancel()
+	return c.term
+}
+
+// held is what the session's lease limit counts: held leases, acquires in
+// progress, and campaigns between the two. a.mu is held.
+func (s *Session) held() int {
+	n := len(s.leases) + len(s.pending)
+	for name := range s.campaigns {
+		if s.leases[name] == nil && s.pending[name] == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// CampaignInfo describes a campaign for list.
+type CampaignInfo struct {
+	ID     string
+	Name   string
+	Leader bool   // it holds a term now
+	Lease  string // the term's lease, when Leader
+}

@@ -1,0 +1,104 @@
+package agent_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/agent"
+)
+
+// kinds filters events of a kind.
+func kinds(evs []stamped, kind string) []stamped {
+	var out []stamped
+	for _, ev := range evs {
+		if ev.Kind == kind {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestCampaignContendsAfterLoss: when renewals fail, the leader's term is
+// lost at its local deadline; the campaign contends again on its own and
+// wins the next term, with a larger token, once the backend let the old
+// lease expire.
+func TestCampaignContendsAfterLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		const ttl = 3 * time.Second
+		var started string
+		id, err := s.Campaign(agent.CampaignRequest{Name: "lead", TTL: ttl, Started: func(id string) { started = id }})
+		require.NoError(t, err)
+		assert.Equal(t, id, started)
+		synctest.Wait()
+		first := kinds(c.got(), agent.EventElected)
+		require.Len(t, first, 1)
+		assert.Equal(t, id, first[0].Campaign)
+
+		f.failRenew.Store(true)
+		time.Sleep(ttl)
+		f.failRenew.Store(false)
+		lost := kinds(c.got(), agent.EventLost)
+		require.Len(t, lost, 1)
+		assert.Equal(t, first[0].Lease, lost[0].Lease)
+		assert.Equal(t, id, lost[0].Campaign)
+
+		time.Sleep(2 * time.Second)
+		elected := kinds(c.got(), agent.EventElected)
+		require.Len(t, elected, 2)
+		assert.Greater(t, elected[1].Token, elected[0].Token)
+		assert.False(t, elected[1].at.Before(lost[0].at), "elected after the loss")
+	})
+}
+
+// TestCampaignRetriesAFailingBackend: an attempt whose outcome is unknown
+// does not end the campaign: it tries again after a pause.
+func TestCampaignRetriesAFailingBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		f.lostAnswer.Store(true)
+		_, err = s.Campaign(agent.CampaignRequest{Name: "lead", TTL: 3 * time.Second})
+		require.NoError(t, err)
+		time.Sleep(5 * time.Second)
+		assert.Empty(t, kinds(c.got(), agent.EventElected))
+		f.lostAnswer.Store(false)
+		time.Sleep(time.Second + time.Millisecond)
+		assert.Len(t, kinds(c.got(), agent.EventElected), 1)
+	})
+}
+
+// TestResignStopsContending: after Resign returns, the name is free and
+// the campaign never wins again; resign of an unknown campaign is
+// not_held.
+func TestResignStopsContending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		id, err := s.Campaign(agent.CampaignRequest{Name: "lead"})
+		require.NoError(t, err)
+		synctest.Wait()
+		require.NoError(t, s.Resign(context.Background(), id))
+		other, err := a.Open(agent.Peer{}, agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		mustAcquire(t, other, agent.AcquireRequest{Name: "lead"})
+		time.Sleep(time.Minute)
+		assert.Len(t, kinds(c.got(), agent.EventElected), 1)
+		assert.ErrorIs(t, s.Resign(context.Background(), id), agent.ErrNotHeld)
+	})
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/lockagent/lockagent/socketapi"
+)
+
+// errAgentGone: the connection to the agent ended, so leadership can no
+// longer be known.
+var errAgentGone = errors.New("the connection to the agent ended")
+
+// runElected is `run -elect`: it campaigns for name and runs argv whenever
+// this host leads. Each term starts the command, with the term's lease and
+// token in its environment; when the term ends (lost, broken) the command
+// gets SIGTERM, then SIGKILL after grace, and the agent contends again on
+// its own. The command of a new term starts only once the last one has
+// exited. If the command exits on its own while leader, run resigns, so
+// that another host takes over, and exits with its status. A signal to run
+// goes to the command; run then resigns and exits when it has ended.
+func runElected(ctx context.Context, c *socketapi.Client, name string, argv []string, ttl, grace time.Duration,
+	sigs <-chan os.Signal, stderr io.Writer) error {
+	cp, err := c.Campaign(ctx, name, socketapi.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
+	if err != nil {
+		return fmt.Errorf("campaign %s: %w", name, err)
+	}
+	resign := func() {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		cp.Resign(rctx) // if the agent is gone, so is the campaign
+	}
+	var (
+		cmd      *exec.Cmd
+		exited   <-chan error
+		term     *socketapi.Term // the term the command runs for
+		next     *socketapi.Term // won while the last term's command still stops
+		stopping bool            // the command was told to stop: its term ended
+		kill     <-chan time.Time
+		signaled bool // run was told to stop
+	)
+	start := func(t *socketapi.Term) error {
+		fmt.Fprintf(stderr, "lockagent: elected leader of %s (token %d); starting the command\n", name, t.Token)
+		var err error
+		cmd, exited, err = startCommand(argv, name, t.Lease, t.Token, stderr)
+		term, stopping = t, false
+		return err
+	}
+	elected := cp.Elected()
+	for {
+		var termDone <-chan struct{}
+		if cmd != nil && !stopping {
+			termDone = term.Done()
+		}
+		select {
+		case t, ok := <-elected:
+			switch {
+			case !ok:
+				elected = nil
+				if cmd == nil {
+					return errAgentGone
+				}
+			case cmd != nil:
+				next = t
+			default:
+				if err := start(t); err != nil {
+					resign()
+					return err
+				}
+			}
+		case <-termDone:
+			fmt.Fprintf(stderr, "lockagent: leadership of %s lost (%s); stopping the command\n", name, term.Reason())
+			cmd.Process.Signal(syscall.SIGTERM)
+			stopping, kill = true, time.After(grace)
+		case <-kill:
+			cmd.Process.Kill()
+			kill = nil
+		case sig := <-sigs:
+			if cmd == nil {
+				resign()
+				return exitError{128 + int(sig.(syscall.Signal))}
+			}
+			signaled = true
+			cmd.Process.Signal(sig)
+		case err := <-exited:
+			cmd, exited, kill = nil, nil, nil
+			select {
+			case <-term.Done():
+			default:
+				// It ended on its own while this host leads.
+				fmt.Fprintf(stderr, "lockagent: the command ended while leader of %s; resigning\n", name)
+				resign()
+				return exitStatus(err)
+			}
+			switch {
+			case signaled:
+				resign()
+				return exitStatus(err)
+			case elected == nil:
+				return errAgentGone
+			case next != nil:
+				t := next
+				next = nil
+				select {
+				case <-t.Done(): // that term is over too: wait for the next
+				default:
+					if err := start(t); err != nil {
+						resign()
+						return err
+					}
+				}
+			}
+		}
+	}
+}
