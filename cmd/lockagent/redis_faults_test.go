@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -216,11 +217,18 @@ func (m *fltMonitor) scriptCalls() []fltCommand {
 
 // calls counts, per kind, the script calls about leaseID that Redis ran
 // at or after since. The scripts are told apart by their key count and
-// arguments (backend/redis/scripts.go): renew has 3 keys; acquire 7 keys
-// and 8 arguments; release 6 keys and 2 arguments.
+// arguments (backend/redis/scripts.go, renew.go): renew has as many
+// arguments as keys, three per lease; acquire 7 keys and 8 arguments;
+// release 6 keys and 2 arguments.
 func (m *fltMonitor) calls(leaseID string, since time.Time) (renews, acquires, releases int) {
 	for _, c := range m.scriptCalls() {
 		if c.at.Before(since) {
+			continue
+		}
+		if _, leases, ok := renewCallLeases(c.args); ok {
+			if slices.Contains(leases, leaseID) {
+				renews++
+			}
 			continue
 		}
 		nkeys, err := strconv.Atoi(c.args[2])
@@ -228,8 +236,6 @@ func (m *fltMonitor) calls(leaseID string, since time.Time) (renews, acquires, r
 			continue
 		}
 		switch nargs := len(c.args) - 3 - nkeys; {
-		case nkeys == 3:
-			renews++
 		case nkeys == 7 && nargs == 8:
 			acquires++
 		case nkeys == 6 && nargs == 2:
@@ -281,6 +287,12 @@ func (m *fltMonitor) waitSeen(t *testing.T, leaseID string) {
 func (m *fltMonitor) trace(name string, base time.Time) string {
 	var b strings.Builder
 	for _, c := range m.scriptCalls() {
+		if xs, leases, ok := renewCallLeases(c.args); ok {
+			if i := slices.Index(xs, lockKey(name)); i >= 0 {
+				fmt.Fprintf(&b, "\n  %+7dms %-7s %s", c.at.Sub(base).Milliseconds(), "renew", leases[i])
+			}
+			continue
+		}
 		nkeys, err := strconv.Atoi(c.args[2])
 		if err != nil || len(c.args) < 4 || c.args[3] != lockKey(name) {
 			continue
@@ -291,8 +303,6 @@ func (m *fltMonitor) trace(name string, base time.Time) string {
 		}
 		kind := "script"
 		switch nargs := len(c.args) - 3 - nkeys; {
-		case nkeys == 3:
-			kind = "renew"
 		case nkeys == 7 && nargs == 8:
 			kind = "acquire"
 		case nkeys == 6 && nargs == 2:

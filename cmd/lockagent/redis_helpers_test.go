@@ -205,3 +205,24 @@ func (l *eventLog) kinds() []string {
 	}
 	return out
 }
+
+// renewCallLeases tells whether the arguments of a MONITOR'ed EVALSHA or
+// EVAL ([cmd, script, numkeys, keys..., args...]) are a renew script call,
+// and if so returns the X key and lease id of each lease it renews: the
+// renew script takes X, R, T per lease as keys and lease id, mode, ttl per
+// lease as arguments (backend/redis/renew.go), and no other script has as
+// many arguments as keys, in threes.
+func renewCallLeases(args []string) (xs, leases []string, ok bool) {
+	if len(args) < 3 {
+		return nil, nil, false
+	}
+	nkeys, err := strconv.Atoi(args[2])
+	if err != nil || nkeys == 0 || nkeys%3 != 0 || len(args) != 3+2*nkeys {
+		return nil, nil, false
+	}
+	for j := 0; j < nkeys; j += 3 {
+		xs = append(xs, args[3+j])
+		leases = append(leases, args[3+nkeys+j])
+	}
+	return xs, leases, true
+}

@@ -176,12 +176,14 @@ func opsMonitorArgs(s string) []string {
 	}
 }
 
-// renewals returns the server times of the renewals of leaseID: the renew
-// script is the one script called with 3 keys (X, R, T) and the lease id.
+// renewals returns the server times of the renewals of leaseID.
 func (m *opsMonitor) renewals(leaseID string) []time.Time {
 	var out []time.Time
 	for _, c := range m.commands() {
-		if len(c.args) >= 7 && (c.args[0] == "evalsha" || c.args[0] == "eval") && c.args[2] == "3" && c.args[6] == leaseID {
+		if len(c.args) == 0 || c.args[0] != "evalsha" && c.args[0] != "eval" {
+			continue
+		}
+		if _, leases, ok := renewCallLeases(c.args); ok && slices.Contains(leases, leaseID) {
 			out = append(out, c.at)
 		}
 	}
