@@ -62,9 +62,12 @@ __all__ = [
     "AgentTimeout",
     "AlreadyHeld",
     "AsyncClient",
+    "AsyncCampaign",
     "AsyncLease",
     "BackendUnavailable",
     "BadRequest",
+    "Campaign",
+    "CampaignEnded",
     "CheckResult",
     "Canceled",
     "Client",
@@ -114,6 +117,8 @@ CONNECTION_LOST = "connection_lost"
 SESSION_EXPIRED = "session_expired"
 #: The agent is stopping and releases every lease.
 SHUTDOWN = "shutdown"
+#: A campaign was resigned.
+RESIGNED = "resigned"
 
 _log = logging.getLogger("lockagent")
 
@@ -189,6 +194,17 @@ class LeaseLost(LockagentError):
                          % (lease.id, lease.name, lease.token, lease.lost_reason))
         self.lease = lease
         self.reason = lease.lost_reason
+
+
+class CampaignEnded(LockagentError):
+    """Raised by ``wait_elected`` for a campaign that has ended: ``reason`` is
+    ``resigned``, ``connection_lost``, ``session_expired`` or ``shutdown``."""
+
+    def __init__(self, campaign):
+        super().__init__("campaign %s for %s ended: %s"
+                         % (campaign.id, campaign.name, campaign.ended_reason))
+        self.campaign = campaign
+        self.reason = campaign.ended_reason
 
 
 class ProtocolError(LockagentError):
@@ -537,13 +553,211 @@ class AsyncLease(_LeaseBase):
         return False
 
 
+# ---------------------------------------------------------------- campaigns
+
+
+class _CampaignBase:
+    """The state of a campaign, shared by :class:`Campaign` and :class:`AsyncCampaign`.
+
+    A campaign is the session's standing bid for leadership of a name: the
+    agent grants it the name's exclusive lock (a term) whenever it is free,
+    and contends again on its own when a term's lease ends, until the
+    campaign is resigned or its scope ends.
+    """
+
+    def __init__(self, client, campaign_id, name, scope, ttl_ms, meta):
+        self._client = client
+        #: The campaign id, as the agent named it.
+        self.id = campaign_id
+        #: The name contended for.
+        self.name = name
+        #: ``connection`` or ``session``: of the campaign and of each term's lease.
+        self.scope = scope or "connection"
+        self._ttl_ms = ttl_ms
+        self._meta = meta
+        self._leader = None
+        self._ended_reason = None
+        self._callbacks = []
+        self._mu = threading.Lock()
+
+    def __repr__(self):
+        state = ("ended: %s" % self._ended_reason if self._ended_reason else
+                 "leader" if self.leader else "contending")
+        return "<%s %s %s>" % (type(self).__name__, self.name, state)
+
+    @property
+    def leader(self):
+        """The lease of the current term while this session leads, else None."""
+        lease = self._leader
+        return lease if lease is not None and lease.active else None
+
+    @property
+    def ended(self):
+        """True once the campaign was resigned or its scope ended."""
+        return self._ended_reason is not None
+
+    @property
+    def ended_reason(self):
+        """Why the campaign ended (``resigned``, ``connection_lost``…), or None."""
+        return self._ended_reason
+
+    def add_elected_callback(self, fn):
+        """Call ``fn(lease)`` each time the campaign wins a term, and at once
+        for a current one. Runs on the client's reader, like lost callbacks."""
+        with self._mu:
+            self._callbacks.append(fn)
+        lease = self.leader
+        if lease is not None:
+            _run_callback(fn, lease)
+
+    def _elected(self, lease):
+        with self._mu:
+            self._leader = lease
+            callbacks = list(self._callbacks)
+        lease.add_lost_callback(lambda _: self._changed())
+        self._changed()
+        for fn in callbacks:
+            _run_callback(fn, lease)
+
+    def _end(self, reason):
+        with self._mu:
+            if self._ended_reason is not None:
+                return
+            self._ended_reason = reason
+            self._callbacks = []
+        self._changed()
+
+    def _changed(self):
+        raise NotImplementedError
+
+    def _outcome(self):
+        """The leader's lease, or CampaignEnded raised; None while contending."""
+        lease = self.leader
+        if lease is not None:
+            return lease
+        if self._ended_reason is not None:
+            raise CampaignEnded(self)
+        return None
+
+
+class Campaign(_CampaignBase):
+    """A campaign of a :class:`Client`. A context manager: leaving the
+    ``with`` block resigns it."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._cond = threading.Condition()
+
+    def _changed(self):
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_elected(self, timeout=None):
+        """Block until this session leads, up to ``timeout`` seconds.
+
+        Returns the term's :class:`Lease` (at once while leading), or None
+        on timeout. Raises :class:`CampaignEnded` if the campaign ended.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                lease = self._outcome()
+                if lease is not None:
+                    return lease
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def resign(self):
+        """Stop contending, and release the leadership lease if held.
+
+        Returns False if the campaign had already ended.
+        """
+        if self.ended:
+            return False
+        try:
+            self._client._call("resign", {"campaign": self.id}, arg=self.id)
+        except NotHeld:
+            return False
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.resign()
+        except LockagentError:
+            if exc[0] is None:
+                raise
+        return False
+
+
+class AsyncCampaign(_CampaignBase):
+    """A campaign of an :class:`AsyncClient`. An async context manager:
+    leaving the ``async with`` block resigns it."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._event = asyncio.Event()
+
+    def _changed(self):
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait_elected(self, timeout=None):
+        """Wait until this session leads, up to ``timeout`` seconds.
+
+        Returns the term's :class:`AsyncLease`, or None on timeout. Raises
+        :class:`CampaignEnded` if the campaign ended.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            lease = self._outcome()
+            if lease is not None:
+                return lease
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._event.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def resign(self):
+        """Stop contending, and release the leadership lease if held.
+
+        Returns False if the campaign had already ended.
+        """
+        if self.ended:
+            return False
+        try:
+            await self._client._call("resign", {"campaign": self.id}, arg=self.id)
+        except NotHeld:
+            return False
+        return True
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        try:
+            await self.resign()
+        except LockagentError:
+            if exc[0] is None:
+                raise
+        return False
+
+
 # ---------------------------------------------------------------- shared logic
 
 
 class _Pending:
     """A request waiting for its answer."""
 
-    __slots__ = ("key", "op", "arg", "meta", "waits", "response", "lease", "abandoned", "done")
+    __slots__ = ("key", "op", "arg", "meta", "waits", "response", "lease", "campaign",
+                 "abandoned", "done")
 
     def __init__(self, key, op, arg=None, meta=None, waits=False):
         self.key = key
@@ -553,6 +767,7 @@ class _Pending:
         self.waits = waits  # an acquire that waits: cancel it if abandoned
         self.response = None
         self.lease = None
+        self.campaign = None  # the campaign started by a campaign request
         self.abandoned = False
         self.done = None  # a threading.Event or an asyncio.Future
 
@@ -565,6 +780,7 @@ class _Core:
     """
 
     _lease_class = None
+    _campaign_class = None
 
     def __init__(self, path, client, session_ttl, heartbeat, auto_heartbeat, reconnect,
                  timeout, on_event):
@@ -593,6 +809,7 @@ class _Core:
             self._hello["heartbeat_ms"] = _ms(heartbeat, "heartbeat")
         self._mu = threading.Lock()
         self._leases = {}
+        self._campaigns = {}
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -613,6 +830,16 @@ class _Core:
         self.resume_token = result.get("resume_token")
         self.resumed = bool(result.get("resumed"))
         self.agent = result.get("agent")
+
+    def _campaign_args(self, name, scope, ttl, meta):
+        args = {"name": name}
+        if scope is not None:
+            args["scope"] = scope
+        if ttl is not None:
+            args["ttl_ms"] = _ms(ttl, "ttl")
+        if meta:
+            args["meta"] = meta
+        return args
 
     def _acquire_args(self, name, wait, shared, limit, scope, ttl, meta):
         args = {"name": name, "wait_ms": _wait_ms(wait)}
@@ -664,10 +891,29 @@ class _Core:
         """
         ok = bool(msg.get("ok"))
         granted = pending.op == "acquire" and ok and msg.get("acquired")
+        started = pending.op == "campaign" and ok and msg.get("campaign")
         if pending.abandoned:
             # Nobody waits for this grant any more: give it back.
-            return {"op": "release", "lease": msg["lease"]} if granted else None
-        if granted:
+            if granted:
+                return {"op": "release", "lease": msg["lease"]}
+            return {"op": "resign", "campaign": msg["campaign"]} if started else None
+        if started:
+            args = pending.arg
+            campaign = self._campaign_class(self, msg["campaign"], args["name"],
+                                            args.get("scope"), args.get("ttl_ms"),
+                                            args.get("meta"))
+            with self._mu:
+                self._campaigns[campaign.id] = campaign
+            pending.campaign = campaign
+        elif pending.op == "resign" and ok:
+            with self._mu:
+                campaign = self._campaigns.pop(pending.arg, None)
+            if campaign is not None:
+                lease = campaign.leader
+                if lease is not None:
+                    self._end_leases(lambda known: known is lease, None)
+                campaign._end(RESIGNED)
+        elif granted:
             lease = self._lease_class(self, msg, pending.meta)
             with self._mu:
                 self._leases[lease.id] = lease
@@ -676,6 +922,7 @@ class _Core:
             self._end_leases(lambda lease: lease.id == pending.arg, None)
         elif pending.op == "bye" and ok:
             self._end_leases(lambda lease: True, None)
+            self._end_campaigns(lambda campaign: True, RESIGNED)
         return None
 
     def _abandoned(self, pending):
@@ -690,6 +937,8 @@ class _Core:
             return {"op": "cancel", "target": pending.key} if pending.waits else None
         if pending.lease is not None:
             return {"op": "release", "lease": pending.lease.id}
+        if pending.campaign is not None:
+            return {"op": "resign", "campaign": pending.campaign.id}
         return None
 
     def _result(self, pending):
@@ -701,6 +950,8 @@ class _Core:
             if pending.lease is not None:
                 return pending.lease
             raise NotAcquired(pending.arg, msg.get("reason"), _holders(msg.get("holders")))
+        if pending.campaign is not None:
+            return pending.campaign
         return msg
 
     def _on_event(self, msg):
@@ -710,8 +961,20 @@ class _Core:
                 lease = self._leases.pop(msg.get("lease"), None)
             if lease is not None:
                 lease._end(msg.get("reason") or EXPIRED)
+        elif kind == "elected":
+            with self._mu:
+                campaign = self._campaigns.get(msg.get("campaign"))
+            if campaign is not None:
+                fields = {"lease": msg.get("lease"), "name": msg.get("name"),
+                          "mode": "exclusive", "scope": campaign.scope,
+                          "token": msg.get("token"), "ttl_ms": campaign._ttl_ms}
+                lease = self._lease_class(self, fields, campaign._meta)
+                with self._mu:
+                    self._leases[lease.id] = lease
+                campaign._elected(lease)
         elif kind == "shutdown":
             self._end_leases(lambda lease: True, SHUTDOWN)
+            self._end_campaigns(lambda campaign: True, SHUTDOWN)
         if self.on_event is not None:
             _run_callback(self.on_event, msg)
 
@@ -724,13 +987,24 @@ class _Core:
         for lease in ended:
             lease._end(reason)
 
+    def _end_campaigns(self, which, reason):
+        """End the campaigns for which ``which(campaign)`` is true."""
+        with self._mu:
+            ended = [c for c in self._campaigns.values() if which(c)]
+            for campaign in ended:
+                del self._campaigns[campaign.id]
+        for campaign in ended:
+            campaign._end(reason)
+
     def _connection_ended(self):
-        """The connection broke: its leases are lost, and the session's too
-        unless it will be resumed."""
+        """The connection broke: its leases and campaigns are lost, and the
+        session's too unless it will be resumed."""
         if self._resumable() and not self._closed:
             self._end_leases(lambda lease: lease.scope != "session", CONNECTION_LOST)
+            self._end_campaigns(lambda campaign: campaign.scope != "session", CONNECTION_LOST)
         else:
             self._end_leases(lambda lease: True, CONNECTION_LOST)
+            self._end_campaigns(lambda campaign: True, CONNECTION_LOST)
 
     def _session_leases(self):
         with self._mu:
@@ -743,6 +1017,7 @@ class _Core:
 
     def _resume_refused(self):
         self._end_leases(lambda lease: True, SESSION_EXPIRED)
+        self._end_campaigns(lambda campaign: True, SESSION_EXPIRED)
         self.session = self.resume_token = None
 
     @property
@@ -833,6 +1108,7 @@ class Client(_Core):
     """
 
     _lease_class = Lease
+    _campaign_class = Campaign
 
     def __init__(self, path=None, *, client="", session_ttl=0, heartbeat=None,
                  auto_heartbeat=True, reconnect=True, timeout=DEFAULT_TIMEOUT, on_event=None):
@@ -887,6 +1163,24 @@ class Client(_Core):
                 ...
         """
         return self.acquire(name, **kwargs)
+
+    def campaign(self, name, *, scope=None, ttl=None, meta=None):
+        """Start contending for leadership of ``name``: a :class:`Campaign`.
+
+        Returns at once. The session leads while it holds the name's
+        exclusive lock, granted by the agent as a term whenever the name is
+        free; ``campaign.wait_elected()`` returns the term's lease. When a
+        term's lease ends the agent contends again on its own, until
+        :meth:`Campaign.resign` or the end of the ``scope``. ``ttl`` and
+        ``meta`` are those of each term's lease::
+
+            with client.campaign("leader/billing") as campaign:
+                lease = campaign.wait_elected()
+                while not lease.lost:
+                    lead(fencing_token=lease.token)
+        """
+        args = self._campaign_args(name, scope, ttl, meta)
+        return self._call("campaign", args, arg=args)
 
     def inspect(self, name):
         """Who holds ``name``: a :class:`LockInfo`."""
@@ -1193,6 +1487,7 @@ class AsyncClient(_Core):
     """
 
     _lease_class = AsyncLease
+    _campaign_class = AsyncCampaign
 
     def __init__(self, path=None, *, client="", session_ttl=0, heartbeat=None,
                  auto_heartbeat=True, reconnect=True, timeout=DEFAULT_TIMEOUT, on_event=None):
@@ -1250,6 +1545,14 @@ class AsyncClient(_Core):
     def lock(self, name, **kwargs):
         """Acquire ``name`` for an ``async with`` block, which releases it at its end."""
         return _AsyncLockContext(self, name, kwargs)
+
+    async def campaign(self, name, *, scope=None, ttl=None, meta=None):
+        """Start contending for leadership of ``name``: an :class:`AsyncCampaign`.
+
+        See :meth:`Client.campaign`.
+        """
+        args = self._campaign_args(name, scope, ttl, meta)
+        return await self._call("campaign", args, arg=args)
 
     async def inspect(self, name):
         """Who holds ``name``: a :class:`LockInfo`."""
