@@ -75,7 +75,7 @@ function socketPath(explicit, env = process.env) {
  * The base class of every error this module throws. `code` is a stable
  * string: one of the protocol's error codes for an {@link AgentError}, or
  * one of this client's own (`connection_closed`, `not_connected`,
- * `line_too_long`, `lease_lost`, `lease_released`).
+ * `line_too_long`, `lease_lost`, `lease_released`, `campaign_ended`).
  */
 class LockAgentError extends Error {
   /**
@@ -271,6 +271,136 @@ if (asyncDispose) {
   Lease.prototype[asyncDispose] = async function dispose() { await this.release(); };
 }
 
+// -------------------------------------------------------------- campaign
+
+/**
+ * A standing bid for leadership of a name, started with
+ * `client.campaign()`. Each time it wins, the agent grants it a term: an
+ * exclusive Lease on the name, with its fencing token. When the term ends
+ * (lost, broken, released) the campaign contends again on its own, until
+ * `resign()`.
+ *
+ * After a broken connection the client campaigns again once it is back,
+ * unless the campaign is session-scoped and the session was resumed (the
+ * agent kept it then).
+ *
+ * Events: `'elected'` (term: Lease), `'end'` (err: LockAgentError|null):
+ * the campaign ended, resigned (null) or refused after a reconnect.
+ */
+class Campaign extends EventEmitter {
+  /** @internal */
+  constructor(client, name, options) {
+    super();
+    /** @type {string} the campaign id; a new one after a reconnect */
+    this.id = null;
+    /** @type {string} */
+    this.name = name;
+    /** @type {boolean} true once the campaign has ended */
+    this.ended = false;
+    this._client = client;
+    this._options = options;
+    this._waiters = [];
+    this._endError = null;
+    this._term = null;
+  }
+
+  /** @type {Lease|null} the current term, null while not leader */
+  get leader() { return this._term?.held ? this._term : null; }
+
+  /** The term's scope: `connection` (default) or `session`. */
+  get scope() { return this._options.scope ?? 'connection'; }
+
+  /**
+   * Resolves with the current term if this campaign leads, else with the
+   * next one it wins. Rejects with `signal.reason` on abort, and with a
+   * LockAgentError (`campaign_ended`) if the campaign ends first.
+   * @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<Lease>}
+   */
+  elected({ signal } = {}) {
+    if (this.leader) return Promise.resolve(this.leader);
+    if (this.ended) return Promise.reject(this._endError);
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    return new Promise((resolve, reject) => {
+      const waiter = {};
+      const onAbort = () => {
+        this._waiters = this._waiters.filter((w) => w !== waiter);
+        reject(signal.reason);
+      };
+      waiter.resolve = (term) => { signal?.removeEventListener('abort', onAbort); resolve(term); };
+      waiter.reject = (err) => { signal?.removeEventListener('abort', onAbort); reject(err); };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this._waiters.push(waiter);
+    });
+  }
+
+  /**
+   * Stops contending and releases the current term, if any. Safe to call
+   * more than once.
+   */
+  async resign() {
+    if (this.ended) return;
+    const client = this._client;
+    const id = this.id;
+    this._end(null);
+    if (this.scope === 'session' && !client.connected && !client.closed) {
+      await client.ready().catch(() => {});
+    }
+    if (!client.connected) return;
+    const term = this.leader;
+    try {
+      await client._call('resign', { campaign: id });
+    } catch (err) {
+      // not_held: the agent had already ended it (with the connection).
+      if (err.code !== 'not_held' && client.connected) throw err;
+    }
+    term?._end(null);
+  }
+
+  /** Sends the campaign request; the agent answers with its id at once. */
+  async _start() {
+    const { ttlMs, meta } = this._options;
+    const args = { name: this.name, scope: this._options.scope, ttl_ms: ttlMs, meta };
+    // Registered as the answer is read: the next line may be its first
+    // elected event.
+    await this._client._call('campaign', args, {
+      onAnswer: (res) => {
+        this.id = res.campaign;
+        this._client._campaigns.set(this.id, this);
+      },
+    });
+  }
+
+  _elected(ev) {
+    const client = this._client;
+    const term = new Lease(client, {
+      lease: ev.lease,
+      name: ev.name,
+      mode: 'exclusive',
+      scope: this.scope,
+      token: ev.token,
+      ttl_ms: this._options.ttlMs ?? client.agent.ttlMs.default,
+    }, this._options.meta);
+    client._leases.set(term.id, term);
+    this._term = term;
+    for (const w of this._waiters.splice(0)) w.resolve(term);
+    this.emit('elected', term);
+  }
+
+  _end(err) {
+    if (this.ended) return;
+    this.ended = true;
+    this._endError = err ?? new LockAgentError(`the campaign for ${this.name} has ended`, 'campaign_ended');
+    this._client._campaigns.delete(this.id);
+    for (const w of this._waiters.splice(0)) w.reject(this._endError);
+    this.emit('end', err);
+  }
+}
+if (asyncDispose) {
+  /** `await using campaign = ...` resigns at the end of the block. */
+  Campaign.prototype[asyncDispose] = async function dispose() { await this.resign(); };
+}
+
 // ---------------------------------------------------------------- client
 
 /**
@@ -334,6 +464,8 @@ class Client extends EventEmitter {
     this._pending = new Map();
     /** @type {Map<string, Lease>} */
     this._leases = new Map();
+    /** @type {Map<string, Campaign>} by campaign id */
+    this._campaigns = new Map();
     this._heartbeat = null;
     this._reconnecting = null;
     this._stopReconnect = new AbortController();
@@ -439,6 +571,19 @@ class Client extends EventEmitter {
   }
 
   /**
+   * Campaigns for leadership of a name. Resolves with the Campaign once
+   * the agent has taken it; await `campaign.elected()` for a term.
+   * @param {string} name
+   * @param {{scope?: 'connection'|'session', ttlMs?: number, meta?: string}} [options]
+   * @returns {Promise<Campaign>}
+   */
+  async campaign(name, options = {}) {
+    const campaign = new Campaign(this, name, { ...options });
+    await campaign._start();
+    return campaign;
+  }
+
+  /**
    * Who holds a name.
    * @param {string} name
    * @returns {Promise<{locked: boolean, mode: string|null, holders: Array<{mode: string, token: number, meta: string, host: string, expiresInMs: number}>, lastToken: number}>}
@@ -512,6 +657,7 @@ class Client extends EventEmitter {
         // The connection is gone either way.
       }
     }
+    for (const campaign of [...this._campaigns.values()]) campaign._end(null);
     for (const lease of [...this._leases.values()]) lease._end(null);
     this._stopHeartbeat();
     this._connected = false;
@@ -671,6 +817,11 @@ class Client extends EventEmitter {
         if (lease) lease._end(new LeaseLostError(lease, ev.reason));
         break;
       }
+      case 'elected': {
+        const campaign = this._campaigns.get(ev.campaign);
+        if (campaign && !campaign.ended) campaign._elected(ev);
+        break;
+      }
       case 'backend':
         this.emit('backend', { state: ev.state, message: ev.message });
         break;
@@ -718,6 +869,7 @@ class Client extends EventEmitter {
         await this._open();
         this._reconnecting = null;
         this.emit('reconnect', { session: this.session, resumed: this._resumed });
+        await this._campaignAgain();
         return;
       } catch {
         if (this._closed) return;
@@ -734,6 +886,22 @@ class Client extends EventEmitter {
         }
         signal.addEventListener('abort', done, { once: true });
       });
+    }
+  }
+
+  /** Starts again the campaigns the agent ended with the connection. */
+  async _campaignAgain() {
+    const keptBySession = this._resumed;
+    for (const campaign of [...this._campaigns.values()]) {
+      if (campaign.ended || (keptBySession && campaign.scope === 'session')) continue;
+      this._campaigns.delete(campaign.id);
+      try {
+        await campaign._start();
+      } catch (err) {
+        if (err instanceof AgentError) campaign._end(err);
+        // Otherwise the connection broke again: the next reconnect retries.
+        else this._campaigns.set(campaign.id, campaign);
+      }
     }
   }
 
@@ -804,6 +972,7 @@ module.exports = {
   connect,
   Client,
   Lease,
+  Campaign,
   LockAgentError,
   AgentError,
   ConnectionError,
