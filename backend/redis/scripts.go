@@ -96,16 +96,25 @@ end
 var acquireScript = goredis.NewScript(common + `
 local X, R, T, F, Q, QE, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, mode, ttl, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local kx, kr, kt, kf, kq, kqe = kind(X), kind(R), kind(T), kind(F), kind(Q), kind(QE)
-if kx ~= 'none' and kx ~= 'hash' then return {-2, X} end
-if kr ~= 'none' and kr ~= 'zset' then return {-2, R} end
-if kt ~= 'none' and kt ~= 'hash' then return {-2, T} end
-if kf ~= 'none' and kf ~= 'string' then return {-2, F} end
-if kq ~= 'none' and kq ~= 'zset' then return {-2, Q} end
-if kqe ~= 'none' and kqe ~= 'zset' then return {-2, QE} end
+-- Each call into Redis costs more than the command it runs: a free name
+-- (the common case) is told by one EXISTS, and the keys' types are looked
+-- at only when some exist.
+local kx, kr, kq = 'none', 'none', 'none'
+if redis.call('EXISTS', X, R, T, Q, QE) > 0 then
+  local kt, kqe
+  kx, kr, kt, kq, kqe = kind(X), kind(R), kind(T), kind(Q), kind(QE)
+  if kx ~= 'none' and kx ~= 'hash' then return {-2, X} end
+  if kr ~= 'none' and kr ~= 'zset' then return {-2, R} end
+  if kt ~= 'none' and kt ~= 'hash' then return {-2, T} end
+  if kq ~= 'none' and kq ~= 'zset' then return {-2, Q} end
+  if kqe ~= 'none' and kqe ~= 'zset' then return {-2, QE} end
+end
+-- F: a key of another type fails the GET.
+local ok, lastv = pcall(redis.call, 'GET', F)
+if not ok then return {-2, F} end
 local last = 0
-if kf == 'string' then
-  last = tonumber(redis.call('GET', F))
+if lastv then
+  last = tonumber(lastv)
   if not last then return {-2, F} end
 end
 local function fence()
@@ -212,11 +221,19 @@ return granted(tok)
 var releaseScript = goredis.NewScript(common + `
 local X, R, T, C, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, mode = ARGV[1], ARGV[2]
-if kind(Q) == 'zset' then prune_queue(Q, QE) end
+local kq = 'none'
+if redis.call('EXISTS', Q) == 1 then kq = kind(Q) end
+if kq == 'zset' then prune_queue(Q, QE) end
+-- With nobody queued, wake has nobody to name.
+local function wake_queue()
+  if kq == 'zset' then wake(Q, C) else redis.call('PUBLISH', C, '*') end
+end
 if mode == 'x' then
-  if kind(X) == 'hash' and owner(X) == id then
+  -- X read as a holder (a key of another type fails the read).
+  local ok, v = pcall(redis.call, 'HMGET', X, 'o', 'k')
+  if ok and v[1] == id and tonumber(v[2]) then
     redis.call('DEL', X)
-    wake(Q, C)
+    wake_queue()
     return 1
   end
   return 0
@@ -229,7 +246,7 @@ redis.call('HDEL', T, id)
 prune(R, T)
 expire_shared(R, T)
 if tonumber(s) < now then return 0 end
-wake(Q, C)
+wake_queue()
 return 1
 `)
 
