@@ -195,12 +195,19 @@ func redislockHandover(rc *redis.Client, ttl time.Duration, rounds int) ([]time.
 }
 
 // sessionsRSS opens n sessions on a fresh agent, each holding one lease,
-// and returns the agent's resident memory.
-func sessionsRSS(a *agentProc, n int) (float64, error) {
+// and returns the agent's resident memory once they are all granted, and
+// again after settle, once renewals have run a few times and the garbage
+// of the burst of acquisitions has been collected.
+func sessionsRSS(a *agentProc, n int, settle time.Duration) (granted, settled float64, err error) {
 	closeAll, err := holdLeases(a.socket, "bench/rss", n, 1, 15*time.Second)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer closeAll()
-	return rssMiB(a.cmd.Process.Pid)
+	if granted, err = rssMiB(a.cmd.Process.Pid); err != nil {
+		return 0, 0, err
+	}
+	time.Sleep(settle)
+	settled, err = rssMiB(a.cmd.Process.Pid)
+	return granted, settled, err
 }

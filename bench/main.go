@@ -37,10 +37,11 @@ func main() {
 		window   = flag.Duration("window", 20*time.Second, "how long the renewal load is measured")
 		handover = flag.Int("handover", 50, "rounds of the dead-holder handover")
 		sessions = flag.Int("sessions", 10000, "sessions, one lease each, whose agent memory is measured")
+		settle   = flag.Duration("settle", 30*time.Second, "how long the sessions hold their leases before the agent's memory is measured again")
 		only     = flag.String("only", "", "comma-separated sections to run: pairs, renewals, handover, rss (default all)")
 	)
 	flag.Parse()
-	b := &bench{bin: *agentBin, n1: *n1, n64: *n64, rounds: *rounds, window: *window, handoverRounds: *handover, sessions: *sessions}
+	b := &bench{bin: *agentBin, n1: *n1, n64: *n64, rounds: *rounds, window: *window, handoverRounds: *handover, sessions: *sessions, settle: *settle}
 	for s := range strings.SplitSeq(*held, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			v, err := strconv.Atoi(s)
@@ -73,6 +74,7 @@ type bench struct {
 	window          time.Duration
 	handoverRounds  int
 	sessions        int
+	settle          time.Duration
 
 	bin, dir string
 	redis    *redisServer
@@ -164,10 +166,17 @@ func (b *bench) pairs(t *table) error {
 			if r.workers > 1 {
 				n = b.n64
 			}
+			// The CPU the agents and Redis spend on the row: where the
+			// time of a pair goes.
+			before := b.cpu(mem, red)
 			res, err := r.run(r.workers, n)
 			if err != nil {
 				return fmt.Errorf("%s ×%d: %w", r.name, r.workers, err)
 			}
+			after := b.cpu(mem, red)
+			ops := float64(n / r.workers * r.workers)
+			res.agentCPU = 1e6 * (after[0] - before[0]) / ops
+			res.redisCPU = 1e6 * (after[1] - before[1]) / ops
 			got[i] = append(got[i], res)
 		}
 	}
@@ -181,7 +190,8 @@ func (b *bench) pairs(t *table) error {
 	}
 	for i, r := range rows {
 		m := median(got[i])
-		t.latency = append(t.latency, []string{r.name, strconv.Itoa(r.workers), r.perOp, us(m.p50), us(m.p99), fmt.Sprintf("%.0f", m.perSec)})
+		t.latency = append(t.latency, []string{r.name, strconv.Itoa(r.workers), r.perOp, us(m.p50), us(m.p99), fmt.Sprintf("%.0f", m.perSec),
+			fmt.Sprintf("%.1f", m.agentCPU), fmt.Sprintf("%.1f", m.redisCPU)})
 	}
 
 	echo1, echo64 := find("echo (Unix socket)", 1), find("echo (Unix socket)", 64)
@@ -263,17 +273,28 @@ func (b *bench) rss(t *table) error {
 		if err != nil {
 			return err
 		}
-		mib, err := sessionsRSS(a, b.sessions)
+		granted, settled, err := sessionsRSS(a, b.sessions, b.settle)
 		a.stop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", backend.name, err)
 		}
-		t.rss = append(t.rss, []string{backend.name, strconv.Itoa(b.sessions), fmt.Sprintf("%.1f", mib)})
+		t.rss = append(t.rss, []string{backend.name, strconv.Itoa(b.sessions), fmt.Sprintf("%.1f", granted), fmt.Sprintf("%.1f", settled)})
 		if backend.name == "redis" && b.sessions == 10000 {
-			t.target("10,000 sessions with one lease each (redis backend): agent RSS, MiB", mib, "≤ 100", mib <= 100)
+			t.target(fmt.Sprintf("10,000 sessions with one lease each (redis backend): agent RSS after %v, MiB", b.settle), settled, "≤ 100", settled <= 100)
 		}
 	}
 	return nil
+}
+
+// cpu returns the CPU seconds the agents and redis-server have used.
+func (b *bench) cpu(agents ...*agentProc) [2]float64 {
+	var out [2]float64
+	for _, a := range agents {
+		v, _ := cpuSeconds(a.cmd.Process.Pid)
+		out[0] += v
+	}
+	out[1], _ = cpuSeconds(b.redis.cmd.Process.Pid)
+	return out
 }
 
 func median(rs []result) result {
@@ -286,9 +307,11 @@ func median(rs []result) result {
 		return v[len(v)/2]
 	}
 	return result{
-		p50:    time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
-		p99:    time.Duration(pick(func(r result) float64 { return float64(r.p99) })),
-		perSec: pick(func(r result) float64 { return r.perSec }),
+		p50:      time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
+		p99:      time.Duration(pick(func(r result) float64 { return float64(r.p99) })),
+		perSec:   pick(func(r result) float64 { return r.perSec }),
+		agentCPU: pick(func(r result) float64 { return r.agentCPU }),
+		redisCPU: pick(func(r result) float64 { return r.redisCPU }),
 	}
 }
 
@@ -338,11 +361,11 @@ func (t *table) print() {
 		printMarkdown(header, rows)
 		fmt.Println()
 	}
-	section("Acquire+release pairs (and the floors' round trips)", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s"}, t.latency)
+	section("Acquire+release pairs (and the floors' round trips)", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s", "agents' CPU µs/op", "redis CPU µs/op"}, t.latency)
 	section("Redis server time per command, every pair workload", []string{"command", "calls", "µs per call"}, t.commands)
 	section("Renewal load, 15 s TTL, redis backend", []string{"held leases", "agent CPU %", "redis CPU %", "redis commands/s"}, t.renewal)
 	section("Dead holder → waiter holding the lock", []string{"case", "rounds", "p50 ms", "p99/max ms"}, t.handover)
-	section("Agent memory, one lease per session", []string{"backend", "sessions", "RSS MiB"}, t.rss)
+	section("Agent memory, one lease per session", []string{"backend", "sessions", "RSS MiB, all granted", "RSS MiB, settled"}, t.rss)
 }
 
 func (t *table) printTargets() {

@@ -20,6 +20,8 @@ import (
 type result struct {
 	p50, p99 time.Duration
 	perSec   float64
+	// CPU time of the agents and of Redis per operation, in µs.
+	agentCPU, redisCPU float64
 }
 
 // worker is one session or goroutine of a workload; op does one operation.
