@@ -33,10 +33,14 @@ type Client struct {
 	pending   map[string]pendingCall
 	campaigns map[string]*Campaign // by id: their events go to them, not to Events
 	leases    map[string]*Lease    // by id: leases of Acquire; their lost events go to them
-	err       error                // why the connection ended
-	closing   chan struct{}        // closed by Close: stop delivering events
-	once      sync.Once
-	done      chan struct{}
+	// settling has, by name, an acquire that its caller gave up and the
+	// agent has not answered yet; the channel is closed once it is
+	// answered (and a grant released).
+	settling map[string]chan struct{}
+	err      error         // why the connection ended
+	closing  chan struct{} // closed by Close: stop delivering events
+	once     sync.Once
+	done     chan struct{}
 }
 
 // pendingCall is a request awaiting its response.
@@ -47,9 +51,12 @@ type pendingCall struct {
 	hook func(body []byte)
 	// orphan, if set, keeps the call pending when its caller gives up
 	// (its ctx ends): the response then goes to orphan, on the reading
-	// goroutine, instead of hook.
+	// goroutine, instead of hook; or nil if the connection ends first.
 	orphan    func(body []byte)
 	abandoned bool // the caller gave up; guarded by Client.mu
+	// abandon, if set, runs with Client.mu held when the caller gives up
+	// a call that stays pending (one with orphan).
+	abandon func()
 	// cancel: a caller giving up sends a cancel request for the call (a
 	// waiting acquire).
 	cancel bool
@@ -112,7 +119,8 @@ type response struct {
 	err  error
 }
 
-// ErrClosed is returned for calls on a connection that has ended.
+// ErrClosed matches, with errors.Is, the error of a call on a connection
+// that has ended, or that ended before its answer came.
 var ErrClosed = errors.New("socketapi: connection closed")
 
 // eventBuffer is how many events the client holds for a reader of Events
@@ -212,14 +220,17 @@ func (c *Client) read() {
 			p.ch <- response{body: body}
 		}
 	}
-	err := sc.Err()
-	if err == nil {
-		err = ErrClosed
+	err := ErrClosed
+	if rerr := sc.Err(); rerr != nil {
+		err = fmt.Errorf("%w: %w", ErrClosed, rerr)
 	}
 	c.mu.Lock()
 	c.err = err
+	var orphans []func([]byte)
 	for id, p := range c.pending {
-		if !p.abandoned {
+		if p.abandoned {
+			orphans = append(orphans, p.orphan)
+		} else {
 			p.ch <- response{err: err}
 		}
 		delete(c.pending, id)
@@ -227,6 +238,9 @@ func (c *Client) read() {
 	campaigns, leases := c.campaigns, c.leases
 	c.campaigns, c.leases = nil, nil
 	c.mu.Unlock()
+	for _, orphan := range orphans {
+		orphan(nil)
+	}
 	for _, cp := range campaigns {
 		cp.finish("connection closed")
 	}
@@ -295,6 +309,9 @@ func (c *Client) do(ctx context.Context, op string, args any, result any, p pend
 		case p.orphan != nil:
 			q.abandoned = true
 			c.pending[id] = q
+			if p.abandon != nil {
+				p.abandon()
+			}
 		default:
 			delete(c.pending, id)
 		}

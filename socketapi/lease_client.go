@@ -170,9 +170,22 @@ func (l *Lease) end(reason string) {
 // Acquire takes the lock name. It returns the lease, or a
 // *NotAcquiredError (errors.Is ErrNotAcquired) if the agent denied it, or
 // an *Error for a refused request (ErrAlreadyHeld for a name the session
-// holds). If ctx ends first, a waiting acquire is cancelled, and a lease
-// granted meanwhile is released.
+// holds).
+//
+// If ctx ends first, Acquire returns ctx.Err() at once; a waiting acquire
+// is cancelled, and a lease granted meanwhile is released when its grant
+// arrives. A later Acquire of the same name on this client waits for that.
 func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) (*Lease, error) {
+	c.mu.Lock()
+	settling := c.settling[name]
+	c.mu.Unlock()
+	if settling != nil {
+		select {
+		case <-settling:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	args := map[string]any{"name": name}
 	if opts.Mode != "" {
 		args["mode"] = opts.Mode
@@ -213,11 +226,24 @@ func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) 
 		Reason   string       `json:"reason"`
 		Holders  []holderJSON `json:"holders"`
 	}
+	settled := make(chan struct{})
 	err := c.do(ctx, "acquire", args, &r, pendingCall{hook: register, cancel: opts.Wait != 0,
+		abandon: func() {
+			if c.settling == nil {
+				c.settling = make(map[string]chan struct{})
+			}
+			c.settling[name] = settled
+		},
 		orphan: func(body []byte) {
 			if l := c.granted(body); l != nil {
 				c.post("release", map[string]any{"lease": l.ID})
 			}
+			c.mu.Lock()
+			if c.settling[name] == settled {
+				delete(c.settling, name)
+			}
+			c.mu.Unlock()
+			close(settled)
 		}})
 	switch {
 	case err != nil:
