@@ -28,7 +28,7 @@ type Client struct {
 	eventsRead atomic.Bool // Events was called: hold events for its reader
 
 	wmu       sync.Mutex // serializes writes
-	mu        sync.Mutex // guards nextID, pending, campaigns, leases and err; never held while writing
+	mu        sync.Mutex // guards nextID, pending, campaigns, leases, settling and err; never held while writing
 	nextID    int64
 	pending   map[string]pendingCall
 	campaigns map[string]*Campaign // by id: their events go to them, not to Events
@@ -208,17 +208,18 @@ func (c *Client) read() {
 		p, ok := c.pending[string(head.ID)]
 		delete(c.pending, string(head.ID))
 		c.mu.Unlock()
-		body := append([]byte(nil), line...)
-		switch {
-		case !ok:
-		case p.abandoned:
-			p.orphan(body)
-		default:
-			if p.hook != nil {
-				p.hook(body)
-			}
-			p.ch <- response{body: body}
+		if !ok {
+			continue
 		}
+		body := append([]byte(nil), line...)
+		if p.abandoned {
+			p.orphan(body)
+			continue
+		}
+		if p.hook != nil {
+			p.hook(body)
+		}
+		p.ch <- response{body: body}
 	}
 	err := ErrClosed
 	if rerr := sc.Err(); rerr != nil {
