@@ -7,34 +7,59 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
+
+	"github.com/lockagent/lockagent/config"
 )
 
-// Client is a Go client of the wire protocol, used by ctl, run and the
-// tests. Requests may be made from several goroutines; responses are matched
-// to them by id. Events arrive on Events.
+// Client is a connection to the agent. Its methods may be called from
+// several goroutines; answers are matched to requests by id.
+//
+// The typed methods (Hello, Acquire, Inspect, Break, Ping, Campaign) cover
+// what an application needs; Call sends any op of the protocol. Events
+// that belong to a Lease or a Campaign of this client go to it; the others
+// arrive on Events.
 type Client struct {
-	nc     net.Conn
-	events chan Event
+	nc         net.Conn
+	events     chan Event
+	eventsRead atomic.Bool // Events was called: hold events for its reader
 
 	wmu       sync.Mutex // serializes writes
-	mu        sync.Mutex // guards nextID, pending, campaigns and err; never held while writing
+	mu        sync.Mutex // guards nextID, pending, campaigns, leases, settling and err; never held while writing
 	nextID    int64
 	pending   map[string]pendingCall
 	campaigns map[string]*Campaign // by id: their events go to them, not to Events
-	err       error                // why the connection ended
-	closing   chan struct{}        // closed by Close: stop delivering events
-	once      sync.Once
-	done      chan struct{}
+	leases    map[string]*Lease    // by id: leases of Acquire; their lost events go to them
+	// settling has, by name, an acquire that its caller gave up and the
+	// agent has not answered yet; the channel is closed once it is
+	// answered (and a grant released).
+	settling map[string]chan struct{}
+	err      error         // why the connection ended
+	closing  chan struct{} // closed by Close: stop delivering events
+	once     sync.Once
+	done     chan struct{}
 }
 
-// pendingCall is a request awaiting its response. hook, if set, sees a
-// successful response on the reading goroutine before the next line is
-// read.
+// pendingCall is a request awaiting its response.
 type pendingCall struct {
-	ch   chan response
+	ch chan response
+	// hook, if set, sees the response on the reading goroutine before the
+	// next line is read, whatever its ok.
 	hook func(body []byte)
+	// orphan, if set, keeps the call pending when its caller gives up
+	// (its ctx ends): the response then goes to orphan, on the reading
+	// goroutine, instead of hook; or nil if the connection ends first.
+	orphan    func(body []byte)
+	abandoned bool // the caller gave up; guarded by Client.mu
+	// abandon, if set, runs with Client.mu held when the caller gives up
+	// a call that stays pending (one with orphan).
+	abandon func()
+	// cancel: a caller giving up sends a cancel request for the call (a
+	// waiting acquire).
+	cancel bool
 }
 
 // Event is an event pushed by the agent.
@@ -49,29 +74,80 @@ type Event struct {
 	Message  string `json:"message"`
 }
 
-// Error is a response with ok false.
+// Error is an answer with ok false: the agent refused a request.
 type Error struct {
-	Code    string          `json:"code"`
-	Message string          `json:"message"`
-	Lease   json.RawMessage `json:"lease,omitempty"`
+	Code    string          `json:"code"`            // one of the Code constants: stable, for programs
+	Message string          `json:"message"`         // for people; may change between versions
+	Lease   json.RawMessage `json:"lease,omitempty"` // with already_held: the lease the session holds
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Is reports whether target is an *Error with the same code, so that
+// errors.Is(err, ErrNotHeld) matches any not_held answer.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Errors to match answers with errors.Is, for the codes a program acts
+// on. Compare Error.Code for the others, which mean a bad request.
+var (
+	// ErrNotHeld: release or check of a lease the session no longer
+	// holds (released, lost); resign of a campaign that has ended.
+	ErrNotHeld = &Error{Code: CodeNotHeld, Message: "not held"}
+	// ErrAlreadyHeld: an acquire of a name the session holds; the
+	// Error's Lease is that lease.
+	ErrAlreadyHeld = &Error{Code: CodeAlreadyHeld, Message: "already held"}
+	// ErrCanceled: a waiting acquire was cancelled, or its session ended.
+	ErrCanceled = &Error{Code: CodeCanceled, Message: "canceled"}
+	// ErrPermissionDenied: the agent's access rules refuse the request.
+	ErrPermissionDenied = &Error{Code: CodePermissionDenied, Message: "permission denied"}
+	// ErrLimitExceeded: one of the agent's limits was reached.
+	ErrLimitExceeded = &Error{Code: CodeLimitExceeded, Message: "limit exceeded"}
+	// ErrSessionExpired: a resume of a session that has ended, or is not
+	// the caller's.
+	ErrSessionExpired = &Error{Code: CodeSessionExpired, Message: "session expired"}
+	// ErrBackendUnavailable: the agent could not reach its backend.
+	ErrBackendUnavailable = &Error{Code: CodeBackendUnavailable, Message: "backend unavailable"}
+	// ErrShuttingDown: the agent is stopping.
+	ErrShuttingDown = &Error{Code: CodeShuttingDown, Message: "shutting down"}
+)
 
 type response struct {
 	body []byte
 	err  error
 }
 
-// ErrClosed is returned for calls on a connection that has ended.
+// ErrClosed matches, with errors.Is, the error of a call on a connection
+// that has ended, or that ended before its answer came.
 var ErrClosed = errors.New("socketapi: connection closed")
 
 // eventBuffer is how many events the client holds for a reader of Events
 // before it stops reading the connection.
 const eventBuffer = 1024
 
-// Dial connects to the agent at path.
+// SocketPath is where a client finds the agent: explicit if not empty
+// (a -socket flag), else the LOCKAGENT_SOCKET environment variable if set
+// and not empty, else the default path, computed as the agent computes
+// its own (see config.DefaultSocketPath): /run/lockagent/agent.sock for
+// root and systemd services, $XDG_RUNTIME_DIR/lockagent.sock, or
+// lockagent-UID.sock in the temporary directory.
+func SocketPath(explicit string) string {
+	if explicit != "" {
+		return explicit
+	}
+	if p := os.Getenv("LOCKAGENT_SOCKET"); p != "" {
+		return p
+	}
+	return config.DefaultSocketPath()
+}
+
+// Dial connects to the agent at path, or at SocketPath("") if path is
+// empty. The session opens with the first request: call Hello first to
+// set its options.
 func Dial(ctx context.Context, path string) (*Client, error) {
+	path = SocketPath(path)
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -83,8 +159,18 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	return c, nil
 }
 
-// Events delivers the agent's events. It is closed when the connection ends.
-func (c *Client) Events() <-chan Event { return c.events }
+// Events delivers the agent's events that no Lease or Campaign of this
+// client takes: backend and shutdown events, and lost events of leases
+// not acquired with Acquire (by Call, or before a resume). It is closed
+// when the connection ends.
+//
+// Once Events has been called, the client holds up to 1024 events for its
+// reader, then stops reading the connection until there is room: keep
+// reading it. Until then, events beyond that many are dropped.
+func (c *Client) Events() <-chan Event {
+	c.eventsRead.Store(true)
+	return c.events
+}
 
 // Done is closed when the connection has ended.
 func (c *Client) Done() <-chan struct{} { return c.done }
@@ -113,19 +199,8 @@ func (c *Client) read() {
 		}
 		if head.Event != "" {
 			var ev Event
-			if json.Unmarshal(line, &ev) != nil {
-				continue
-			}
-			c.mu.Lock()
-			cp := c.campaigns[ev.Campaign]
-			c.mu.Unlock()
-			if cp != nil {
-				cp.deliver(ev, c.closing)
-				continue
-			}
-			select {
-			case c.events <- ev:
-			case <-c.closing:
+			if json.Unmarshal(line, &ev) == nil {
+				c.deliver(ev)
 			}
 			continue
 		}
@@ -133,29 +208,74 @@ func (c *Client) read() {
 		p, ok := c.pending[string(head.ID)]
 		delete(c.pending, string(head.ID))
 		c.mu.Unlock()
-		if ok {
-			body := append([]byte(nil), line...)
-			if p.hook != nil {
-				p.hook(body)
-			}
-			p.ch <- response{body: body}
+		if !ok {
+			continue
 		}
+		body := append([]byte(nil), line...)
+		if p.abandoned {
+			p.orphan(body)
+			continue
+		}
+		if p.hook != nil {
+			p.hook(body)
+		}
+		p.ch <- response{body: body}
 	}
-	err := sc.Err()
-	if err == nil {
-		err = ErrClosed
+	err := ErrClosed
+	if rerr := sc.Err(); rerr != nil {
+		err = fmt.Errorf("%w: %w", ErrClosed, rerr)
 	}
 	c.mu.Lock()
 	c.err = err
+	var orphans []func([]byte)
 	for id, p := range c.pending {
-		p.ch <- response{err: err}
+		if p.abandoned {
+			orphans = append(orphans, p.orphan)
+		} else {
+			p.ch <- response{err: err}
+		}
 		delete(c.pending, id)
 	}
-	campaigns := c.campaigns
-	c.campaigns = nil
+	campaigns, leases := c.campaigns, c.leases
+	c.campaigns, c.leases = nil, nil
 	c.mu.Unlock()
+	for _, orphan := range orphans {
+		orphan(nil)
+	}
 	for _, cp := range campaigns {
 		cp.finish("connection closed")
+	}
+	for _, l := range leases {
+		l.end("connection closed")
+	}
+}
+
+// deliver hands an event to its campaign, to its lease, or to Events.
+func (c *Client) deliver(ev Event) {
+	c.mu.Lock()
+	cp := c.campaigns[ev.Campaign]
+	l := c.leases[ev.Lease]
+	if ev.Event == "lost" && l != nil {
+		delete(c.leases, ev.Lease)
+	} else {
+		l = nil
+	}
+	c.mu.Unlock()
+	switch {
+	case cp != nil:
+		cp.deliver(ev, c.closing)
+	case l != nil:
+		l.end(ev.Reason)
+	case c.eventsRead.Load():
+		select {
+		case c.events <- ev:
+		case <-c.closing:
+		}
+	default:
+		select {
+		case c.events <- ev:
+		default: // nobody reads Events, and it is full
+		}
 	}
 }
 
@@ -168,39 +288,82 @@ func (c *Client) Call(ctx context.Context, op string, args any, result any) erro
 
 // call is Call with a hook (see pendingCall).
 func (c *Client) call(ctx context.Context, op string, args any, result any, hook func([]byte)) error {
-	ch := make(chan response, 1)
+	return c.do(ctx, op, args, result, pendingCall{hook: hook})
+}
+
+// do sends a request, registered as p, and waits for its response or
+// the end of ctx (see pendingCall for what happens then).
+func (c *Client) do(ctx context.Context, op string, args any, result any, p pendingCall) error {
+	p.ch = make(chan response, 1)
+	id, err := c.send(op, args, p)
+	if err != nil {
+		return err
+	}
+	var r response
+	select {
+	case r = <-p.ch:
+	case <-ctx.Done():
+		c.mu.Lock()
+		q, waiting := c.pending[id]
+		switch {
+		case !waiting: // the response is being handled: take it
+		case p.orphan != nil:
+			q.abandoned = true
+			c.pending[id] = q
+			if p.abandon != nil {
+				p.abandon()
+			}
+		default:
+			delete(c.pending, id)
+		}
+		c.mu.Unlock()
+		if waiting {
+			if p.cancel {
+				c.post("cancel", map[string]any{"target": json.Number(id)})
+			}
+			return ctx.Err()
+		}
+		r = <-p.ch
+	}
+	if r.err != nil {
+		return fmt.Errorf("%s: %w", op, r.err)
+	}
+	return decodeResponse(r.body, result)
+}
+
+// post sends a request whose response nobody awaits. It may be called on
+// the reading goroutine: the agent reads requests whether or not its
+// answers are read, so the write does not wait for this goroutine.
+func (c *Client) post(op string, args any) {
+	c.send(op, args, pendingCall{abandoned: true, orphan: func([]byte) {}})
+}
+
+// send registers p and writes the request; it returns the request's id.
+func (c *Client) send(op string, args any, p pendingCall) (string, error) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return c.err
+		return "", c.err
 	}
 	c.nextID++
 	id := strconv.FormatInt(c.nextID, 10)
 	line, err := requestLine(id, op, args)
 	if err != nil {
 		c.mu.Unlock()
-		return err
+		return "", err
 	}
-	c.pending[id] = pendingCall{ch: ch, hook: hook}
+	c.pending[id] = p
 	c.mu.Unlock()
 	c.wmu.Lock()
 	_, err = c.nc.Write(line)
 	c.wmu.Unlock()
 	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	select {
-	case <-ctx.Done():
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
-		return ctx.Err()
-	case r := <-ch:
-		if r.err != nil {
-			return fmt.Errorf("%s: %w", op, r.err)
-		}
-		return decodeResponse(r.body, result)
+		return "", fmt.Errorf("%s: %w", op, err)
 	}
+	return id, nil
 }
 
 // requestLine builds {"id":id,"op":op,...args}.

@@ -1,10 +1,3 @@
-// Package socketapi speaks lockagent's wire protocol, version 1: newline-
-// delimited JSON over a Unix stream socket. It owns the listener, each
-// connection's read loop and single writer, framing limits, peer
-// credentials and the mapping of errors to wire codes; and the Go client
-// that ctl, run and the tests use.
-//
-// It drives the agent package and knows nothing of how locks are stored.
 package socketapi
 
 import (

@@ -5,34 +5,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/lockagent/lockagent/config"
 	"github.com/lockagent/lockagent/socketapi"
 )
 
-// socketPath is where client commands find the agent: -socket, then
-// LOCKAGENT_SOCKET, then the default path.
-func socketPath(flagValue string) string {
-	if flagValue != "" {
-		return flagValue
-	}
-	if p := os.Getenv("LOCKAGENT_SOCKET"); p != "" {
-		return p
-	}
-	return config.DefaultSocketPath()
-}
-
-// dial connects and says hello as client.
+// dial connects to the agent at socket (the -socket flag), found as
+// socketapi.SocketPath finds it, and says hello as client.
 func dial(ctx context.Context, socket, client string) (*socketapi.Client, error) {
-	c, err := socketapi.Dial(ctx, socketPath(socket))
+	c, err := socketapi.Dial(ctx, socketapi.SocketPath(socket))
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the agent: %w", err)
 	}
-	if err := c.Call(ctx, "hello", map[string]any{"version": 1, "client": client}, nil); err != nil {
+	if _, err := c.Hello(ctx, socketapi.HelloOptions{Client: client}); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("hello: %w", err)
 	}
