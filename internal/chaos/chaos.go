@@ -27,19 +27,46 @@
 //   - a release sent to a stopped agent and answered after SIGCONT, when
 //     the stop outlasted the TTL, is answered not_held, never released (C1).
 //
+// Leader election runs under the same faults (leader.go): six more
+// sessions are candidates, each campaigning (connection scope) for one of
+// two leader names, recording each term it wins (when its `elected` event
+// came, its token, when and how it ended: lost, resigned, connection
+// closed). A leader does the same updates, on the counters of its leader
+// name, with its term's token; it resigns, drops its connection or leads
+// on, and a candidate that waited long resigns and campaigns again. The
+// terms are checked with the excuses the leases get: a term may end
+// without a lost event only when its leader resigned, or its connection,
+// its agent or Redis's data died (or its agent was stopped and said so on
+// waking):
+//
+//   - at most one leader of a name at a time, and each new leader's token
+//     above every earlier one's (lockcheck.CheckLeaders): every term's
+//     lost event came before the next elected event of the name;
+//   - the same with the Lease model, a term being an exclusive lease
+//     granted when its elected event came (porcupine's history.html shows
+//     the leader names too);
+//   - no term ends without its lost event (a newer term of its campaign
+//     beginning instead);
+//   - the leaders' fenced counters lose nothing.
+//
 // Faults (faults.go), each kind once in every round of a shuffled deck: an
 // agent's Redis link black-holed shorter and longer than the TTL, its
 // connections reset, or slowed; agents SIGSTOPped shorter and longer than
 // the TTL, and killed with SIGKILL and restarted; redis-server paused
 // shorter and longer than the TTL, and restarted without persistence; a
-// client's connection closed while it holds a lock; a client paused longer
-// than the TTL between the read and the write of an update (half the
+// client's connection closed while it holds a lock or leads; a client
+// paused longer than the TTL between the read and the write of an update,
+// under a lock or as a leader (half the
 // clients set heartbeat_ms, and the pause is aimed at one of them, whose
 // agent drops it, and its locks, meanwhile). Kinds, targets, durations and
 // gaps come from a math/rand/v2 generator seeded with the run's seed,
 // printed at its start and in its summary line:
 //
 //	chaos: seed=S duration=D operations=N faults=F violations=V
+//
+// followed by a line of counts and one of leader election: campaigns,
+// resigns, terms (elections) and how they ended, the leaders' counters, and
+// the median time from a term's end to the next election of its name.
 //
 // On a failure the seed, porcupine's HTML visualization, the history (also
 // as JSON lines that lockcheck.ReadLeaseHistory loads), the agents' and

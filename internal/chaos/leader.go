@@ -65,9 +65,6 @@ type termRec struct {
 	start   int64 // when its `elected` event reached the candidate
 	done    int64 // when the client saw it end (-1: never)
 	reason  string
-	// resign is when the candidate, leading it, invoked resign (-1: it
-	// did not): it stopped leading then.
-	resign int64
 
 	fencedWrites, rejected, plainWrites int
 }
@@ -137,13 +134,13 @@ func (w *worker) campaign(s *session) bool {
 			}
 			switch w.leadTerm(s, t) {
 			case stintResign:
-				return w.resign(s, cp, rec, t.rec)
+				return w.resign(s, cp, rec)
 			case stintDrop:
 				return false
 			}
 			giveUp.Reset(w.ms(giveUpLo, giveUpHi))
 		case <-giveUp.C:
-			return w.resign(s, cp, rec, nil)
+			return w.resign(s, cp, rec)
 		case <-s.done:
 			return false
 		case <-r.stop:
@@ -159,7 +156,7 @@ func (r *run) recordTerms(c *campaignRec, cp *socketapi.Campaign, terms chan<- l
 	defer close(terms)
 	contend := c.call
 	for t := range cp.Elected() {
-		rec := &termRec{campaign: c, token: t.Token, lease: t.Lease, contend: contend, start: r.now(), done: -1, resign: -1}
+		rec := &termRec{campaign: c, token: t.Token, lease: t.Lease, contend: contend, start: r.now(), done: -1}
 		contend = rec.start
 		r.mu.Lock()
 		rec.seq = len(r.terms) + 1
@@ -233,16 +230,13 @@ func termOver(t *socketapi.Term) bool {
 	}
 }
 
-// resign resigns the campaign; led is the term it leads, if any. It
-// returns false when the session must be dropped.
-func (w *worker) resign(s *session, cp *socketapi.Campaign, c *campaignRec, led *termRec) bool {
+// resign resigns the campaign. It returns false when the session must be
+// dropped.
+func (w *worker) resign(s *session, cp *socketapi.Campaign, c *campaignRec) bool {
 	r := w.r
 	ctx, cancel := context.WithTimeout(context.Background(), callSlack)
 	defer cancel()
 	c.resignCall = r.now()
-	if led != nil {
-		led.resign = c.resignCall
-	}
 	err := cp.Resign(ctx)
 	c.resignRet = r.now()
 	c.resignOutcome, c.resignCode = classify(err)
@@ -293,12 +287,15 @@ func (r *run) termEnd(t *termRec, ls leaderStops, slack int64) (ending, bool) {
 		}
 		ends = append(ends, end)
 	}
-	if t.resign >= 0 {
+	if c.resignCall >= 0 {
+		// The candidate stopped leading when it asked to resign, whether
+		// or not it knew it led: the term may have come meanwhile.
 		ret := c.resignRet
 		if c.resignOutcome == unknown {
 			ret = lockcheck.Infinity
 		}
-		ends = append(ends, ending{at: t.resign, span: [2]int64{t.resign, max(ret, t.resign)}, how: "resigned"})
+		at := max(c.resignCall, t.start)
+		ends = append(ends, ending{at: at, span: [2]int64{at, max(ret, at)}, how: "resigned"})
 	}
 	if s := r.sessions[c.session]; s.ended >= 0 {
 		how := "connection " + s.how
@@ -320,7 +317,7 @@ func (r *run) termEnd(t *termRec, ls leaderStops, slack int64) (ending, bool) {
 	}
 	for _, f := range ls.restarts {
 		// Granted in Redis at any moment since it contended.
-		if f.start >= t.contend && (t.resign < 0 || f.start < t.resign) {
+		if f.start >= t.contend && (c.resignCall < 0 || f.start < c.resignCall) {
 			ends = append(ends, ending{at: f.start, span: [2]int64{f.start, lockcheck.Infinity}, how: "redis-server restarted"})
 			break
 		}
