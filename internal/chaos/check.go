@@ -19,13 +19,14 @@ import (
 // else once it runs again).
 const stopGrace = time.Second
 
-// stoppedBefore returns the stop of an agent that ended shortly (within
-// stopGrace) before at, after call: a lease acquired at call and reported
-// ended at at may have ended in Redis during that stop, when its agent
-// could tell nobody.
+// stoppedBefore returns the stop of an agent, ended after call, during
+// which at fell or that ended shortly (within stopGrace) before it: a lease
+// acquired at call and reported ended at at (or whose holder ended it then,
+// closing its connection while its agent was stopped) may have ended in
+// Redis during that stop, when its agent could tell nobody.
 func stoppedBefore(stops []faultRec, call, at int64) *faultRec {
 	for i, f := range stops {
-		if f.end > call && at >= f.end && at <= f.end+int64(stopGrace) {
+		if f.end > call && at >= f.start && at <= f.end+int64(stopGrace) {
 			return &stops[i]
 		}
 	}

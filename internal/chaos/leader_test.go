@@ -140,6 +140,14 @@ func TestLeaderChecks(t *testing.T) {
 			faults: with(func(ls *leaderStops) { ls.stops[0] = []faultRec{{kind: stopLong, start: 500, end: 2900}} }),
 		},
 		{
+			name: "connection closed while its agent was stopped",
+			terms: []termSpec{
+				{agent: 0, token: 10, start: 0, done: 2501, reason: "connection closed", resign: -1, sessionEnd: 2500},
+				{agent: 1, token: 20, start: 2000, done: -1, resign: -1, sessionEnd: -1},
+			},
+			faults: with(func(ls *leaderStops) { ls.stops[0] = []faultRec{{kind: stopLong, start: 500, end: 2900}} }),
+		},
+		{
 			name: "lost long after its agent was stopped",
 			terms: []termSpec{
 				{agent: 0, token: 10, start: 0, done: 5000, reason: "expired", resign: -1, sessionEnd: -1},
