@@ -35,7 +35,6 @@ const (
 // campaignRec is one campaign: its call and its answer, and its resign.
 type campaignRec struct {
 	seq     int // unique in the run, among campaigns
-	worker  int
 	session int
 	agent   int
 	name    string
@@ -66,7 +65,7 @@ type termRec struct {
 	done    int64 // when the client saw it end (-1: never)
 	reason  string
 
-	fencedWrites, rejected, plainWrites int
+	fencedWrites, rejected int
 }
 
 // liveTerm is a term being led: its record and the client's handle.
@@ -95,7 +94,7 @@ func (w *worker) lead() {
 func (w *worker) campaign(s *session) bool {
 	r := w.r
 	rec := &campaignRec{
-		worker: w.id, session: s.rec.id, agent: w.agent.idx,
+		session: s.rec.id, agent: w.agent.idx,
 		name: r.leaderNames[w.rng.IntN(len(r.leaderNames))], ttl: 1000 + w.rng.IntN(1001),
 		resignCall: -1, resignRet: -1,
 	}
@@ -207,7 +206,6 @@ func (w *worker) leadTerm(s *session, t liveTerm) stint {
 			} else {
 				t.rec.rejected++
 			}
-			t.rec.plainWrites++
 			time.Sleep(w.ms(10, 50))
 		}
 		switch roll := w.rng.IntN(100); {
