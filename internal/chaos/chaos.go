@@ -27,19 +27,46 @@
 //   - a release sent to a stopped agent and answered after SIGCONT, when
 //     the stop outlasted the TTL, is answered not_held, never released (C1).
 //
+// Leader election runs under the same faults (leader.go): six more
+// sessions are candidates, each campaigning (connection scope) for one of
+// two leader names, recording each term it wins (when its `elected` event
+// came, its token, when and how it ended: lost, resigned, connection
+// closed). A leader does the same updates, on the counters of its leader
+// name, with its term's token; it resigns, drops its connection or leads
+// on, and a candidate that waited long resigns and campaigns again. The
+// terms are checked with the excuses the leases get: a term may end
+// without a lost event only when its leader resigned, or its connection,
+// its agent or Redis's data died (or its agent was stopped and said so on
+// waking):
+//
+//   - at most one leader of a name at a time, and each new leader's token
+//     above every earlier one's (lockcheck.CheckLeaders): every term's
+//     lost event came before the next elected event of the name;
+//   - the same with the Lease model, a term being an exclusive lease
+//     granted when its elected event came (porcupine's history.html shows
+//     the leader names too);
+//   - no term ends without its lost event (a newer term of its campaign
+//     beginning instead);
+//   - the leaders' fenced counters lose nothing.
+//
 // Faults (faults.go), each kind once in every round of a shuffled deck: an
 // agent's Redis link black-holed shorter and longer than the TTL, its
 // connections reset, or slowed; agents SIGSTOPped shorter and longer than
 // the TTL, and killed with SIGKILL and restarted; redis-server paused
 // shorter and longer than the TTL, and restarted without persistence; a
-// client's connection closed while it holds a lock; a client paused longer
-// than the TTL between the read and the write of an update (half the
+// client's connection closed while it holds a lock or leads; a client
+// paused longer than the TTL between the read and the write of an update,
+// under a lock or as a leader (half the
 // clients set heartbeat_ms, and the pause is aimed at one of them, whose
 // agent drops it, and its locks, meanwhile). Kinds, targets, durations and
 // gaps come from a math/rand/v2 generator seeded with the run's seed,
 // printed at its start and in its summary line:
 //
 //	chaos: seed=S duration=D operations=N faults=F violations=V
+//
+// followed by a line of counts and one of leader election: campaigns,
+// resigns, terms (elections) and how they ended, the leaders' counters, and
+// the median time from a term's end to the next election of its name.
 //
 // On a failure the seed, porcupine's HTML visualization, the history (also
 // as JSON lines that lockcheck.ReadLeaseHistory loads), the agents' and
@@ -86,6 +113,9 @@ type Config struct {
 	// Agents, Clients and Names size the run: 3, 12 and 4 by default.
 	// Client i uses agent i mod Agents.
 	Agents, Clients, Names int
+	// Candidates campaign for Leaders names: 6 and 2 by default.
+	// Candidate j is client Clients+j, on agent j mod Agents.
+	Candidates, Leaders int
 	// Slack is the measurement tolerance of the lost-before-grant check:
 	// a `lost` event and a grant elsewhere are timed by different
 	// goroutines of the test process. Default 20 ms.
@@ -104,7 +134,7 @@ type Config struct {
 type Report struct {
 	Seed       uint64
 	Duration   time.Duration
-	Operations int // acquires and releases
+	Operations int // acquires, releases, campaigns and resigns
 	Faults     int
 	Violations []lockcheck.Violation
 	// Problems are failures that are not violations of a promise: the
@@ -119,6 +149,21 @@ type Report struct {
 	// ClosestLost is the smallest time from a `lost` event (not excused by
 	// an agent stop) to a grant of the name elsewhere; -1 if none.
 	ClosestLost time.Duration
+
+	// Leader election: campaigns started, terms won (each an election),
+	// campaigns resigned, and how the terms ended (by a lost event, the
+	// leader's resign, its connection's end or its agent's death).
+	Campaigns, Terms, Resigns          int
+	TermsLost, TermsResigned, TermsCut int
+	// The fenced and unfenced counters of the leaders, as above.
+	LeaderFencedWrites, LeaderRejected     int
+	LeaderPlainIncrements, LeaderPlainLost int
+	// Handover is the median time from a term's end to the next election
+	// of the name, over the terms followed by another; -1 if none.
+	Handover time.Duration
+	// HandoverAfter is the same median by how the term ended: "lost",
+	// "resigned" and "cut" (connection, agent or Redis's data gone).
+	HandoverAfter map[string]time.Duration
 	// Artifacts is where the failed run's artifacts are, or "".
 	Artifacts string
 }
@@ -135,6 +180,19 @@ func (r *Report) Details() string {
 		r.Grants, r.Denials, r.Unknown, r.Lost, r.FencedWrites, r.Rejected, r.PlainIncrements, r.PlainLost, r.ClosestLost)
 }
 
+// LeaderDetails is a third line, of leader election.
+func (r *Report) LeaderDetails() string {
+	after := ""
+	for _, k := range []string{"lost", "resigned", "cut"} {
+		if d, ok := r.HandoverAfter[k]; ok {
+			after += fmt.Sprintf(" %s=%v", k, d.Round(100*time.Microsecond))
+		}
+	}
+	return fmt.Sprintf("chaos: leaders: campaigns=%d resigns=%d terms=%d ended_lost=%d ended_resigned=%d ended_cut=%d fenced_writes=%d fenced_rejected=%d unfenced_increments=%d unfenced_lost=%d median_end_to_elected=%v (%s)",
+		r.Campaigns, r.Resigns, r.Terms, r.TermsLost, r.TermsResigned, r.TermsCut, r.LeaderFencedWrites, r.LeaderRejected,
+		r.LeaderPlainIncrements, r.LeaderPlainLost, r.Handover.Round(100*time.Microsecond), strings.TrimSpace(after))
+}
+
 // RandomSeed returns a seed for a run that was given none.
 func RandomSeed() uint64 { return rand.Uint64()>>11 | 1 }
 
@@ -145,15 +203,21 @@ type run struct {
 	start time.Time
 	c     *cluster
 	names []string
+	// leaderNames are the names the candidates campaign for; their
+	// counters are in fenced and plain too.
+	leaderNames []string
 
 	fenced map[string]*fencedCounter
 	plain  map[string]*plainCounter
 	strict *lockcheck.History // fault-free runs only
 
-	stop chan struct{} // closed when the clients must finish
+	stop chan struct{}  // closed when the clients must finish
+	aux  sync.WaitGroup // the goroutines recording terms
 
 	mu         sync.Mutex // guards the fields below
 	ops        []*opRec
+	campaigns  []*campaignRec
+	terms      []*termRec
 	sessions   []*sessRec
 	lost       []lostEvent
 	faults     []faultRec
@@ -203,6 +267,12 @@ func Run(t *testing.T, cfg Config) *Report {
 	if cfg.Names == 0 {
 		cfg.Names = 4
 	}
+	if cfg.Candidates == 0 {
+		cfg.Candidates = 6
+	}
+	if cfg.Leaders == 0 {
+		cfg.Leaders = 2
+	}
 	if cfg.Slack == 0 {
 		cfg.Slack = 20 * time.Millisecond
 	}
@@ -225,6 +295,11 @@ func Run(t *testing.T, cfg Config) *Report {
 		r.names = append(r.names, n)
 		r.fenced[n], r.plain[n] = &fencedCounter{}, &plainCounter{}
 	}
+	for i := range cfg.Leaders {
+		n := fmt.Sprintf("chaos/leader/%d", i)
+		r.leaderNames = append(r.leaderNames, n)
+		r.fenced[n], r.plain[n] = &fencedCounter{}, &plainCounter{}
+	}
 	r.c = startCluster(t, cfg.Binary, cfg.Agents)
 	if !cfg.Faults {
 		r.strict = lockcheck.NewHistory()
@@ -239,9 +314,17 @@ func Run(t *testing.T, cfg Config) *Report {
 		workers[i] = w
 		wg.Go(w.loop)
 	}
+	candidates := make([]*worker, cfg.Candidates)
+	for j := range candidates {
+		id := cfg.Clients + j
+		w := &worker{r: r, id: id, agent: r.c.agents[j%cfg.Agents],
+			rng: rand.New(rand.NewPCG(cfg.Seed, uint64(id)+1))}
+		candidates[j] = w
+		wg.Go(w.lead)
+	}
 	until := r.start.Add(cfg.Duration)
 	if cfg.Faults {
-		r.injectFaults(until, workers)
+		r.injectFaults(until, workers, candidates)
 	} else {
 		time.Sleep(time.Until(until))
 	}
@@ -249,7 +332,7 @@ func Run(t *testing.T, cfg Config) *Report {
 	elapsed := time.Since(r.start)
 	close(r.stop)
 	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
+	go func() { wg.Wait(); r.aux.Wait(); close(finished) }()
 	select {
 	case <-finished:
 	case <-time.After(60 * time.Second):
@@ -280,8 +363,10 @@ func (r *run) finish(rep *Report) {
 	}
 	t.Log(rep.Summary())
 	t.Log(rep.Details())
+	t.Log(rep.LeaderDetails())
 	fmt.Println(rep.Summary())
 	fmt.Println(rep.Details())
+	fmt.Println(rep.LeaderDetails())
 	if !failed {
 		if rep.Artifacts != "" {
 			t.Logf("chaos: artifacts in %s", rep.Artifacts)

@@ -19,13 +19,14 @@ import (
 // else once it runs again).
 const stopGrace = time.Second
 
-// stoppedBefore returns the stop of an agent that ended shortly (within
-// stopGrace) before at, after call: a lease acquired at call and reported
-// ended at at may have ended in Redis during that stop, when its agent
-// could tell nobody.
+// stoppedBefore returns the stop of an agent, ended after call, during
+// which at fell or that ended shortly (within stopGrace) before it: a lease
+// acquired at call and reported ended at at (or whose holder ended it then,
+// closing its connection while its agent was stopped) may have ended in
+// Redis during that stop, when its agent could tell nobody.
 func stoppedBefore(stops []faultRec, call, at int64) *faultRec {
 	for i, f := range stops {
-		if f.end > call && at >= f.end && at <= f.end+int64(stopGrace) {
+		if f.end > call && at >= f.start && at <= f.end+int64(stopGrace) {
 			return &stops[i]
 		}
 	}
@@ -233,6 +234,7 @@ func (r *run) check() *Report {
 		}
 		h.Annotate("", e.session, e.at, e.at, "lost: "+e.reason)
 	}
+	r.checkLeaders(rep, &h, leaderStops{stops: stops, kills: kills, restarts: restarts, pauses: pauses})
 	for _, f := range r.faults {
 		h.Annotate("faults", 0, f.start, f.end, f.kind.String()+": "+f.detail)
 	}
@@ -446,6 +448,26 @@ func (r *run) dumpHistory() string {
 	}
 	for _, f := range r.faults {
 		lines = append(lines, line{f.start, fmt.Sprintf("%s FAULT %s", sec(f.start), f)})
+	}
+	for _, c := range r.campaigns {
+		if c.outcome == none {
+			continue
+		}
+		lines = append(lines, line{c.call, fmt.Sprintf("%s campaign #%d %s session %d agent %d ttl %dms -> %s %s (returned %s)",
+			sec(c.call), c.seq, c.name, c.session, c.agent, c.ttl, c.outcome, c.code, sec(c.ret))})
+		if c.resignCall >= 0 {
+			lines = append(lines, line{c.resignCall, fmt.Sprintf("%s resign campaign #%d %s session %d -> %s %s (returned %s)",
+				sec(c.resignCall), c.seq, c.name, c.session, c.resignOutcome, c.resignCode, sec(c.resignRet))})
+		}
+	}
+	for _, t := range r.terms {
+		c := t.campaign
+		lines = append(lines, line{t.start, fmt.Sprintf("%s elected term #%d %s campaign #%d session %d agent %d token %d lease %s",
+			sec(t.start), t.seq, c.name, c.seq, c.session, c.agent, t.token, t.lease)})
+		if t.done >= 0 {
+			lines = append(lines, line{t.done, fmt.Sprintf("%s term #%d %s ended: %s; fenced writes %d, rejected %d",
+				sec(t.done), t.seq, c.name, t.reason, t.fencedWrites, t.rejected)})
+		}
 	}
 	slices.SortStableFunc(lines, func(a, b line) int { return cmp.Compare(a.at, b.at) })
 	var b strings.Builder

@@ -213,6 +213,11 @@ func (r *run) readEvents(s *session) {
 		at := r.now()
 		switch ev.Event {
 		case "lost":
+			if ev.Campaign != "" {
+				// A term of a campaign the client had abandoned (its
+				// call timed out): the session is being dropped.
+				break
+			}
 			s.mu.Lock()
 			s.lost[ev.Lease] = true
 			s.mu.Unlock()
@@ -333,29 +338,11 @@ func (w *worker) hold(s *session, op *opRec) bool {
 			r.closeSession(s, "killed")
 			return false
 		}
-		// The same read-modify-write on both counters: fenced, and not.
-		fv, fok := fc.read(op.token)
-		pv := pc.read()
-		time.Sleep(w.ms(1, 5))
-		if d := time.Duration(w.pauseReq.Swap(0)); d > 0 {
-			// A pause of the application (a GC, a swap storm) between
-			// its check and its write: the classic case for fencing.
-			r.note("client %d paused %v holding %s lease #%d, mid-update", w.id, d, op.name, op.seq)
-			w.paused.Store(true)
-			start := r.now()
-			time.Sleep(d)
-			w.paused.Store(false)
-			r.mu.Lock()
-			r.pauses = append(r.pauses, pauseRec{session: s.rec.id, start: start, end: r.now()})
-			r.mu.Unlock()
-			r.note("client %d resumed, writing its update (lease #%d)", w.id, op.seq)
-		}
-		if fok && fc.write(op.token, fv+1, op.seq, r.now()) {
+		if w.update(s, fc, pc, op.token, op.seq, fmt.Sprintf("%s lease #%d", op.name, op.seq)) {
 			op.fencedWrites++
 		} else {
 			op.rejected++
 		}
-		pc.write(pv + 1)
 		op.plainWrites++
 		time.Sleep(w.ms(10, 50))
 	}
@@ -393,6 +380,33 @@ func (w *worker) hold(s *session, op *opRec) bool {
 		}
 	}
 	return op.relOutcome != unknown
+}
+
+// update makes the same read-modify-write on both counters, fenced by
+// token and not, as lease number seq (what names it in the timeline), and
+// reports whether the fenced write was accepted. The client-pause fault
+// strikes between the read and the write.
+func (w *worker) update(s *session, fc *fencedCounter, pc *plainCounter, token uint64, seq int, what string) bool {
+	r := w.r
+	fv, fok := fc.read(token)
+	pv := pc.read()
+	time.Sleep(w.ms(1, 5))
+	if d := time.Duration(w.pauseReq.Swap(0)); d > 0 {
+		// A pause of the application (a GC, a swap storm) between its
+		// check and its write: the classic case for fencing.
+		r.note("client %d paused %v holding %s, mid-update", w.id, d, what)
+		w.paused.Store(true)
+		start := r.now()
+		time.Sleep(d)
+		w.paused.Store(false)
+		r.mu.Lock()
+		r.pauses = append(r.pauses, pauseRec{session: s.rec.id, start: start, end: r.now()})
+		r.mu.Unlock()
+		r.note("client %d resumed, writing its update (%s)", w.id, what)
+	}
+	accepted := fok && fc.write(token, fv+1, seq, r.now())
+	pc.write(pv + 1)
+	return accepted
 }
 
 // unexpectedError records an error in a fault-free run, where none may

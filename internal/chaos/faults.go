@@ -49,7 +49,7 @@ func (f faultRec) String() string {
 // injectFaults runs the seeded schedule of faults, one after the other
 // with calm in between, until until. It runs on the test's goroutine (the
 // redistest calls may fail the test).
-func (r *run) injectFaults(until time.Time, workers []*worker) {
+func (r *run) injectFaults(until time.Time, workers, candidates []*worker) {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0xfa0175))
 	var deck []faultKind
 	for {
@@ -74,7 +74,7 @@ func (r *run) injectFaults(until time.Time, workers []*worker) {
 			return
 		}
 		time.Sleep(gap)
-		r.inject(kind, target, short, long, pick, workers)
+		r.inject(kind, target, short, long, pick, workers, candidates)
 		r.revive()
 	}
 }
@@ -84,7 +84,7 @@ func msIn(rng *rand.Rand, lo, hi int) time.Duration {
 }
 
 // inject injects one fault and waits for its end.
-func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick uint64, workers []*worker) {
+func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick uint64, workers, candidates []*worker) {
 	a := r.c.agents[target]
 	f := faultRec{kind: kind, agent: target, start: r.now(), end: -1}
 	switch kind {
@@ -148,25 +148,19 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 		r.c.redis.Restart(r.t)
 	case killClient:
 		// The client is the seed's: it drops its connection at its next
-		// update under a lock.
+		// update under a lock (or as a leader).
 		f.agent = -1
-		w := workers[pick%uint64(len(workers))]
+		w := pickClient(pick, workers, candidates)
 		w.killReq.Store(true)
-		f.detail = fmt.Sprintf("client %d (on agent %d) to drop its connection at its next update under a lock", w.id, w.agent.idx)
+		f.detail = fmt.Sprintf("client %d (on agent %d) to drop its connection at its next update under a lock or a term", w.id, w.agent.idx)
 	case pauseClient:
 		// Among the clients with a heartbeat (the agent keeps the leases
 		// of a silent client without one, testing.md A3), the seed's: it
-		// pauses at its next update under a lock.
+		// pauses at its next update under a lock (or as a leader).
 		f.agent = -1
-		var hb []*worker
-		for _, w := range workers {
-			if w.heartbeat() {
-				hb = append(hb, w)
-			}
-		}
-		w := hb[pick%uint64(len(hb))]
+		w := pickClient(pick, withHeartbeat(workers), withHeartbeat(candidates))
 		w.pauseReq.Store(int64(long))
-		f.detail = fmt.Sprintf("client %d (on agent %d) to pause %v, pings included, between the read and the write of its next update under a lock", w.id, w.agent.idx, long)
+		f.detail = fmt.Sprintf("client %d (on agent %d) to pause %v, pings included, between the read and the write of its next update under a lock or a term", w.id, w.agent.idx, long)
 	}
 	if f.end < 0 {
 		f.end = r.now()
@@ -175,6 +169,28 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 	r.faults = append(r.faults, f)
 	r.mu.Unlock()
 	r.note("fault %s", f)
+}
+
+// pickClient picks the target of a fault aimed at a client from pick: a
+// candidate when bit 32 of pick is set (and there are candidates), else a
+// lock client, the same one as pick chose before there were candidates,
+// so that the regression seeds keep their targets.
+func pickClient(pick uint64, workers, candidates []*worker) *worker {
+	if len(candidates) > 0 && pick>>32&1 == 1 {
+		return candidates[(pick>>33)%uint64(len(candidates))]
+	}
+	return workers[pick%uint64(len(workers))]
+}
+
+// withHeartbeat returns the workers whose sessions have a heartbeat.
+func withHeartbeat(workers []*worker) []*worker {
+	var hb []*worker
+	for _, w := range workers {
+		if w.heartbeat() {
+			hb = append(hb, w)
+		}
+	}
+	return hb
 }
 
 // revive restarts the agents that exited on their own (each exit is a
