@@ -57,28 +57,43 @@ func (l *lease) due() time.Time {
 	return l.nextRenew
 }
 
-// renewHeap orders leases by due time.
-type renewHeap []*lease
+// renewHeap orders leases by due time. Each entry keeps its lease's due
+// time, so that ordering 100,000 leases reads one array and not 100,000
+// leases scattered in memory; whoever changes what due returns calls
+// Agent.reschedule.
+type renewHeap []schedEntry
+
+type schedEntry struct {
+	due time.Time
+	l   *lease
+}
 
 func (h renewHeap) Len() int           { return len(h) }
-func (h renewHeap) Less(i, j int) bool { return h[i].due().Before(h[j].due()) }
+func (h renewHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h renewHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].l.index = i
+	h[j].l.index = j
 }
 func (h *renewHeap) Push(x any) {
 	l := x.(*lease)
 	l.index = len(*h)
-	*h = append(*h, l)
+	*h = append(*h, schedEntry{due: l.due(), l: l})
 }
 func (h *renewHeap) Pop() any {
 	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
+	e := old[len(old)-1]
+	old[len(old)-1] = schedEntry{}
 	*h = old[:len(old)-1]
-	l.index = -1
-	return l
+	e.l.index = -1
+	return e.l
+}
+
+// reschedule puts l in its place in the schedule after its due time
+// changed. a.mu is held.
+func (a *Agent) reschedule(l *lease) {
+	a.sched[l.index].due = l.due()
+	heap.Fix(&a.sched, l.index)
 }
 
 // renewInterval is about a third of the TTL, with ±10% jitter so that
@@ -180,7 +195,7 @@ func (s *Session) LoseOverdue() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.sched) == 0 || a.sched[0].due().After(now) {
+	if len(a.sched) == 0 || a.sched[0].due.After(now) {
 		return
 	}
 	for _, l := range a.leases {
@@ -218,7 +233,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		a.lastSeen = st
 		var healthy, atRisk []*lease
 		for len(a.sched) > 0 {
-			l := a.sched[0]
+			l := a.sched[0].l
 			if !now.Before(l.validUntil) {
 				a.lose(l, lostReason(l))
 				continue
@@ -231,7 +246,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 				break
 			}
 			l.renewing = true
-			heap.Fix(&a.sched, 0)
+			a.reschedule(l)
 			if l.atRisk {
 				atRisk = append(atRisk, l)
 			} else {
@@ -240,7 +255,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		}
 		wait := time.Hour
 		if len(a.sched) > 0 {
-			wait = min(a.sched[0].due().Sub(now), suspendCheck)
+			wait = min(a.sched[0].due.Sub(now), suspendCheck)
 		}
 		a.nextWake = now.Add(wait)
 		a.wakeBy.Store(int64(a.nextWake.Sub(a.started)))
@@ -335,7 +350,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 			}
 			a.log.Debug("renewal failed", "name", l.name, "lease", l.id, "error", err)
 		}
-		heap.Fix(&a.sched, l.index)
+		a.reschedule(l)
 	}
 	a.setDegraded(a.atRisk > 0)
 	a.kickScheduler()
@@ -365,7 +380,7 @@ func (a *Agent) resumed(slept time.Duration) {
 			l.nextRenew = l.validUntil
 		}
 		if l.index >= 0 {
-			heap.Fix(&a.sched, l.index)
+			a.reschedule(l)
 		}
 	}
 }

@@ -137,9 +137,16 @@ func (b *Backend) keys(name string) keys {
 	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", q: base + ":q", qe: base + ":qe", c: base + ":c"}
 }
 
+// holderKeys are X, R and T of a name, what a renewal touches, without
+// building the other keys.
+func (b *Backend) holderKeys(name string) (x, r, t string) {
+	x = b.prefix + ":lk:{" + b.tag(name) + "}"
+	return x, x + ":r", x + ":t"
+}
+
 // tag is the hash tag of a name's keys.
 func (b *Backend) tag(name string) string {
-	if strings.ContainsAny(name, "{}") {
+	if strings.IndexByte(name, '{') >= 0 || strings.IndexByte(name, '}') >= 0 {
 		sum := sha256.Sum256([]byte(name))
 		return "#" + hex.EncodeToString(sum[:16])
 	}

@@ -115,8 +115,8 @@ func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, e
 			args := make([]any, 0, 3*len(call))
 			for _, i := range call {
 				r := reqs[i]
-				k := b.keys(r.Name)
-				keys = append(keys, k.x, k.r, k.t)
+				x, rk, t := b.holderKeys(r.Name)
+				keys = append(keys, x, rk, t)
 				args = append(args, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
 			}
 			cmds[j] = eval(p, keys, args...)
