@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -136,6 +137,10 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		c.cmd = c.script.Run(ctx, b.c, c.keys, c.args...)
 		return
 	}
+	if _, cluster := b.c.(*goredis.ClusterClient); !cluster {
+		b.execOne(ctx, batch)
+		return
+	}
 	p := b.c.Pipeline()
 	for _, c := range batch {
 		c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
@@ -155,4 +160,47 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
 	}
 	p.Exec(ctx)
+}
+
+// execOne sends batch as one call of batchScript, where a script's keys
+// need not share a hash slot (not on Cluster): one call into Redis for
+// the whole batch instead of one per request.
+func (b *batcher) execOne(ctx context.Context, batch []*call) {
+	var keys []string
+	args := []any{len(batch)}
+	for _, c := range batch {
+		kind := "r"
+		if c.script == acquireScript {
+			kind = "a"
+		}
+		keys = append(keys, c.keys...)
+		args = append(args, kind, len(c.keys), len(c.args))
+		args = append(args, c.args...)
+	}
+	res, err := batchScript.Run(ctx, b.c, keys, args...).Slice()
+	if err == nil && len(res) != len(batch) {
+		err = fmt.Errorf("batch: %d results for %d requests", len(res), len(batch))
+	}
+	for i, c := range batch {
+		c.cmd = goredis.NewCmd(ctx)
+		switch {
+		case err != nil:
+			c.cmd.SetErr(err)
+		case isBatchFailure(res[i]):
+			msg, _ := res[i].([]any)[1].(string)
+			c.cmd.SetErr(fmt.Errorf("redis: %s", msg))
+		default:
+			c.cmd.SetVal(res[i])
+		}
+	}
+}
+
+// isBatchFailure tells a request that failed inside batchScript: {-9, message}.
+func isBatchFailure(v any) bool {
+	r, ok := v.([]any)
+	if !ok || len(r) != 2 {
+		return false
+	}
+	code, _ := r[0].(int64)
+	return code == -9
 }

@@ -57,3 +57,47 @@ func TestHashSlot(t *testing.T) {
 		assert.Equal(t, uint16(want), hashSlot(tag), "slot of %q", tag)
 	}
 }
+
+// TestBatchScriptIsolatesFailures: the requests of one batch call get
+// their own results, in order, and one that fails fails alone.
+func TestBatchScriptIsolatesFailures(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "bs"})
+	require.NoError(t, err)
+	defer b.Close()
+	ctx := context.Background()
+	acq := func(name, id string) *call {
+		k := b.keys(name)
+		return &call{ctx: ctx, script: acquireScript, keys: []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+			args: []any{id, "x", 10000, 0, "host", "meta", 60000, ""}}
+	}
+	rel := func(name, id string) *call {
+		k := b.keys(name)
+		return &call{ctx: ctx, script: releaseScript, keys: []string{k.x, k.r, k.t, k.c, k.q, k.qe}, args: []any{id, "x"}}
+	}
+	broken := rel("a", "l1")
+	broken.keys = broken.keys[:3] // fails inside the script, before it writes
+	batch := []*call{
+		acq("a", "l1"),
+		broken,
+		acq("a", "l3"), // held by l1
+		rel("a", "l1"),
+		rel("a", "l1"), // no longer held
+	}
+	b.batch.execOne(ctx, batch)
+
+	granted, err := batch[0].cmd.Slice()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), granted[0], "the first acquire is granted")
+	assert.Error(t, batch[1].cmd.Err(), "the malformed release fails")
+	held, err := batch[2].cmd.Slice()
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), held[0], "the second acquire of a finds it held: the malformed release released nothing")
+	v, err := batch[3].cmd.Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), v, "the release of l1 releases")
+	v, err = batch[4].cmd.Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), v, "a second release of l1 finds nothing")
+}

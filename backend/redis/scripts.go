@@ -93,7 +93,14 @@ end
 // Returns {1, token} granted, {0, retry ms} held (a ticket is then in the
 // queue), {-1, 0} the lease id holds the name in the other mode, {-2, key}
 // a key lockagent did not write.
-var acquireScript = goredis.NewScript(common + `
+var acquireScript = goredis.NewScript(common + acquireFn + `
+return acquire(KEYS, ARGV)
+`)
+
+// acquireFn is the acquire script as a function of its keys and
+// arguments, so that a batch (batchScript) can call it once per request.
+const acquireFn = `
+local function acquire(KEYS, ARGV)
 local X, R, T, F, Q, QE, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, mode, ttl, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 -- Each call into Redis costs more than the command it runs: a free name
@@ -213,12 +220,19 @@ redis.call('ZADD', R, now + ttl, id)
 redis.call('HSET', T, id, string.format('%d', tok) .. rec)
 expire_shared(R, T)
 return granted(tok)
-`)
+end
+`
 
 // releaseScript: KEYS X R T C Q QE; ARGV leaseID, mode.
 // Returns 1 released, 0 not held by that lease. A release wakes the
 // waiters at the head of the queue, on every agent (wake).
-var releaseScript = goredis.NewScript(common + `
+var releaseScript = goredis.NewScript(common + releaseFn + `
+return release(KEYS, ARGV)
+`)
+
+// releaseFn is the release script as a function; see acquireFn.
+const releaseFn = `
+local function release(KEYS, ARGV)
 local X, R, T, C, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, mode = ARGV[1], ARGV[2]
 local kq = 'none'
@@ -248,6 +262,37 @@ expire_shared(R, T)
 if tonumber(s) < now then return 0 end
 wake_queue()
 return 1
+end
+`
+
+// batchScript runs the acquires and releases a group commit gathered, in
+// one call, so that their fixed cost (the call, its parsing, the script's
+// set-up) is paid once: KEYS are the requests' keys in turn; ARGV[1] is
+// the number of requests, then per request its kind ('a' acquire, 'r'
+// release), its number of keys and of arguments, and its arguments. It
+// returns per request what its own script returns, or {-9, message} when
+// it failed, without failing the others. It runs only where all its keys
+// may be in one call: not on Cluster.
+var batchScript = goredis.NewScript(common + acquireFn + releaseFn + `
+local out = {}
+local ki, ai = 1, 2
+for i = 1, tonumber(ARGV[1]) do
+  local kind, nk, na = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+  local k = {unpack(KEYS, ki, ki + nk - 1)}
+  local a = {unpack(ARGV, ai + 3, ai + 2 + na)}
+  ki, ai = ki + nk, ai + 3 + na
+  local fn = release
+  if kind == 'a' then fn = acquire end
+  local ok, res = pcall(fn, k, a)
+  if ok then
+    out[i] = res
+  else
+    local msg = res
+    if type(res) == 'table' then msg = res.err end
+    out[i] = {-9, tostring(msg)}
+  end
+end
+return out
 `)
 
 // leaveScript: KEYS Q QE C; ARGV ticket.
@@ -302,4 +347,4 @@ end
 return out
 `)
 
-var scripts = []*goredis.Script{acquireScript, renewScript, releaseScript, leaveScript, inspectScript}
+var scripts = []*goredis.Script{acquireScript, renewScript, releaseScript, leaveScript, inspectScript, batchScript}
