@@ -162,10 +162,59 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	p.Exec(ctx)
 }
 
-// execOne sends batch as one call of batchScript, where a script's keys
-// need not share a hash slot (not on Cluster): one call into Redis for
-// the whole batch instead of one per request.
+// batchPerCall bounds the requests of one batchScript call, so that one
+// call holds Redis for a fraction of a millisecond at most; a larger batch
+// goes as several calls in one pipeline.
+const batchPerCall = 64
+
+// execOne sends batch as calls of batchScript, where a script's keys need
+// not share a hash slot (not on Cluster): one call into Redis for up to
+// batchPerCall requests instead of one per request.
 func (b *batcher) execOne(ctx context.Context, batch []*call) {
+	var chunks [][]*call
+	for start := 0; start < len(batch); start += batchPerCall {
+		chunks = append(chunks, batch[start:min(start+batchPerCall, len(batch))])
+	}
+	if len(chunks) == 1 {
+		keys, args := batchArgs(batch)
+		setBatchResults(ctx, batch, batchScript.Run(ctx, b.c, keys, args...))
+		return
+	}
+	send := func(chunks [][]*call, eval func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd) []*goredis.Cmd {
+		p := b.c.Pipeline()
+		cmds := make([]*goredis.Cmd, len(chunks))
+		for i, chunk := range chunks {
+			keys, args := batchArgs(chunk)
+			cmds[i] = eval(p, keys, args...)
+		}
+		p.Exec(ctx) // each command carries its own error
+		return cmds
+	}
+	cmds := send(chunks, func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd {
+		return batchScript.EvalSha(ctx, p, keys, args...)
+	})
+	// Only the calls the server had no script for go again: the others ran.
+	var again [][]*call
+	for i, cmd := range cmds {
+		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, chunks[i])
+			continue
+		}
+		setBatchResults(ctx, chunks[i], cmd)
+	}
+	if len(again) == 0 {
+		return
+	}
+	cmds = send(again, func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd {
+		return batchScript.Eval(ctx, p, keys, args...)
+	})
+	for i, cmd := range cmds {
+		setBatchResults(ctx, again[i], cmd)
+	}
+}
+
+// batchArgs are the keys and arguments of a batchScript call.
+func batchArgs(batch []*call) ([]string, []any) {
 	var keys []string
 	args := []any{len(batch)}
 	for _, c := range batch {
@@ -177,7 +226,12 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 		args = append(args, kind, len(c.keys), len(c.args))
 		args = append(args, c.args...)
 	}
-	res, err := batchScript.Run(ctx, b.c, keys, args...).Slice()
+	return keys, args
+}
+
+// setBatchResults gives each call of a batchScript call its result.
+func setBatchResults(ctx context.Context, batch []*call, cmd *goredis.Cmd) {
+	res, err := cmd.Slice()
 	if err == nil && len(res) != len(batch) {
 		err = fmt.Errorf("batch: %d results for %d requests", len(res), len(batch))
 	}

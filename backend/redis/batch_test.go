@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -100,4 +101,38 @@ func TestBatchScriptIsolatesFailures(t *testing.T) {
 	v, err = batch[4].cmd.Int64()
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), v, "a second release of l1 finds nothing")
+}
+
+// TestLargeBatchGoesInSeveralCalls: a batch beyond batchPerCall goes as
+// several calls in one pipeline, each request getting its own result,
+// also after the server lost its scripts.
+func TestLargeBatchGoesInSeveralCalls(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "lb"})
+	require.NoError(t, err)
+	defer b.Close()
+	ctx := context.Background()
+	n := 2*batchPerCall + 22
+	var acquires, releases []*call
+	for i := range n {
+		k := b.keys(fmt.Sprintf("n%d", i))
+		id := fmt.Sprintf("l%d", i)
+		acquires = append(acquires, &call{ctx: ctx, script: acquireScript, keys: []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+			args: []any{id, "x", 10000, 0, "host", "", 60000, ""}})
+		releases = append(releases, &call{ctx: ctx, script: releaseScript, keys: []string{k.x, k.r, k.t, k.c, k.q, k.qe}, args: []any{id, "x"}})
+	}
+	require.NoError(t, c.ScriptFlush(ctx).Err()) // as after a restart
+	b.batch.execOne(ctx, acquires)
+	for i, a := range acquires {
+		res, err := a.cmd.Slice()
+		require.NoError(t, err, "acquire %d", i)
+		assert.Equal(t, int64(1), res[0], "acquire %d granted", i)
+	}
+	b.batch.execOne(ctx, releases)
+	for i, r := range releases {
+		v, err := r.cmd.Int64()
+		require.NoError(t, err, "release %d", i)
+		assert.Equal(t, int64(1), v, "release %d released", i)
+	}
 }
