@@ -17,7 +17,7 @@ import (
 // measured in the same run, so that the figures mean the same on a noisy
 // machine: the ratios are what the targets are about.
 //
-//	go test ./socketapi -run '^$' -bench . -benchtime 20000x
+//	go test ./socketapi -run '^$' -bench . -benchtime 50000x
 //
 // BenchmarkPairLatency reports the p50 of an acquire+release pair on one
 // session against the p50 of two echo round trips (target: ≤ 4×).
