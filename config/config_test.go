@@ -105,6 +105,7 @@ func TestLoadBad(t *testing.T) {
 		"redis-password.hcl":     `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
 		"redis-credential.hcl":   `:4,25: backend "redis".password_credential: password_file and password_credential exclude each other`,
 		"per-uid-limit.hcl":      `:2,29: limits.max_connections_per_uid: -1 is below 0 (0: no cap per uid)`,
+		"redis-key-prefix.hcl":   `:3,16: backend "redis".key_prefix: must not hold { or }`,
 		"redis-several.hcl":      `:2,15: backend "redis".addresses: several addresses need master_name (Sentinel) or cluster = true`,
 		"redis-tls.hcl":          `:4,3: backend "redis".tls: cert_file and key_file go together`,
 		"rule-empty-modes.hcl":   `:3,13: acl.rule "orders/*".modes: must not be empty; leave it out to allow every mode`,

@@ -204,6 +204,11 @@ func (r *Redis) problems() []*fieldError {
 	if r.KeyPrefix == "" {
 		bad("key_prefix", "must not be empty")
 	}
+	if strings.ContainsAny(r.KeyPrefix, "{}") {
+		// A brace would move the hash tag Redis Cluster reads, and a
+		// name's keys could fall in different slots.
+		bad("key_prefix", "must not hold { or }")
+	}
 	if t := r.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
 		bad("tls", "cert_file and key_file go together")
 	}

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,8 +47,8 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	if b.inFlight < maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
+		defer b.handOff()
 		b.exec(ctx, []*call{c})
-		b.handOff()
 		return c.cmd
 	}
 	c.done = make(chan struct{})
@@ -57,8 +58,12 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	case <-c.done:
 		return c.cmd
 	case <-ctx.Done():
-		// The script may still run: the caller treats the outcome as
+		// A call still gathering is taken out: it is never sent. One a
+		// pipeline took may still run: the caller treats the outcome as
 		// unknown, as after any timeout.
+		b.mu.Lock()
+		b.queue = slices.DeleteFunc(b.queue, func(q *call) bool { return q == c })
+		b.mu.Unlock()
 		cmd := goredis.NewCmd(ctx)
 		cmd.SetErr(ctx.Err())
 		return cmd
