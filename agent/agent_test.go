@@ -111,6 +111,16 @@ func run(t *testing.T, cfg agent.Config) (*agent.Agent, *faulty, func()) {
 	return a, f, func() { cancel(); <-done }
 }
 
+// openSession opens a session of peer uid 0 with default options on a
+// connection that records what it is sent.
+func openSession(t *testing.T, a *agent.Agent) (*agent.Session, *conn) {
+	t.Helper()
+	c := &conn{}
+	s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
+	require.NoError(t, err)
+	return s, c
+}
+
 func mustAcquire(t *testing.T, s *agent.Session, req agent.AcquireRequest) agent.Lease {
 	t.Helper()
 	res, err := s.Acquire(context.Background(), req)
@@ -125,9 +135,7 @@ func TestRenewalKeepsLeasesAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: time.Second})
 
 		time.Sleep(time.Hour)
@@ -147,9 +155,7 @@ func TestLostAtLocalDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		const ttl = 3 * time.Second
 		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
 
@@ -176,7 +182,7 @@ func TestLostAtLocalDeadline(t *testing.T) {
 		assert.Equal(t, lastGood.Add(ttl-margin), lost.at, "lost exactly at the local deadline")
 		assert.True(t, lost.at.After(failedFrom), "not before renewals failed")
 
-		_, err = s.Check(context.Background(), l.ID)
+		_, err := s.Check(context.Background(), l.ID)
 		assert.ErrorIs(t, err, agent.ErrNotHeld, "after lost the lease id is dead")
 	})
 }
@@ -187,9 +193,7 @@ func TestShortOutageLosesNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: 10 * time.Second})
 
 		time.Sleep(time.Second)
@@ -211,9 +215,7 @@ func TestLeaseGoneFromBackend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		const ttl = 3 * time.Second
 		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
 		require.NoError(t, f.Release(context.Background(), backend.Lease{Name: "n", LeaseID: l.ID}))
@@ -370,9 +372,7 @@ func TestDegradedDoesNotFlap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		f.failPrefix.Store("bad")
 		mustAcquire(t, s, agent.AcquireRequest{Name: "bad", TTL: 30 * time.Second})
 		time.Sleep(777 * time.Millisecond)
@@ -398,9 +398,7 @@ func TestSuspendOfTheHost(t *testing.T) {
 		boot := func() time.Duration { return time.Since(start) + time.Duration(slept.Load()) }
 		a, f, stop := run(t, agent.Config{BootClock: boot})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		long := mustAcquire(t, s, agent.AcquireRequest{Name: "long", TTL: time.Minute})
 		short := mustAcquire(t, s, agent.AcquireRequest{Name: "short", TTL: 10 * time.Second})
 

@@ -31,9 +31,7 @@ func TestCampaignContendsAfterLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		const ttl = 3 * time.Second
 		var started string
 		id, err := s.Campaign(agent.CampaignRequest{Name: "lead", TTL: ttl, Started: func(id string) { started = id }})
@@ -66,11 +64,9 @@ func TestCampaignRetriesAFailingBackend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		f.lostAnswer.Store(true)
-		_, err = s.Campaign(agent.CampaignRequest{Name: "lead", TTL: 3 * time.Second})
+		_, err := s.Campaign(agent.CampaignRequest{Name: "lead", TTL: 3 * time.Second})
 		require.NoError(t, err)
 		time.Sleep(5 * time.Second)
 		assert.Empty(t, kinds(c.got(), agent.EventElected))
@@ -87,9 +83,7 @@ func TestResignStopsContending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, _, stop := run(t, agent.Config{})
 		defer stop()
-		c := &conn{}
-		s, err := a.Open(agent.Peer{}, agent.SessionOptions{}, c)
-		require.NoError(t, err)
+		s, c := openSession(t, a)
 		id, err := s.Campaign(agent.CampaignRequest{Name: "lead"})
 		require.NoError(t, err)
 		synctest.Wait()
