@@ -184,21 +184,9 @@ type leaseState struct {
 	last   uint64
 }
 
-func partitionByName(ops []porcupine.Operation) [][]porcupine.Operation {
-	byName := map[string][]porcupine.Operation{}
-	var names []string
-	for _, op := range ops {
-		n := op.Input.(LeaseInput).Name
-		if _, ok := byName[n]; !ok {
-			names = append(names, n)
-		}
-		byName[n] = append(byName[n], op)
-	}
-	out := make([][]porcupine.Operation, 0, len(names))
-	for _, n := range names {
-		out = append(out, byName[n])
-	}
-	return out
+// partitionLeases splits a Lease history by name.
+func partitionLeases(ops []porcupine.Operation) [][]porcupine.Operation {
+	return partitionByName(ops, func(in any) string { return in.(LeaseInput).Name })
 }
 
 // Lease is the model of a lock whose leases may end without a release,
@@ -207,7 +195,7 @@ func partitionByName(ops []porcupine.Operation) [][]porcupine.Operation {
 // succeeds only for the lease holding the lock, and fails only for one
 // that does not; an End frees the lock if its lease holds it.
 var Lease = porcupine.Model{
-	Partition: partitionByName,
+	Partition: partitionLeases,
 	Init:      func() any { return leaseState{holder: -1} },
 	Step: func(st, in, out any) (bool, any) {
 		s, i, o := st.(leaseState), in.(LeaseInput), out.(LeaseOutput)
@@ -296,7 +284,7 @@ func CheckLease(h *LeaseHistory, dir string) (LeaseResult, error) {
 		return r, nil
 	}
 	partials := info.PartialLinearizations()
-	for p, part := range partitionByName(ops) {
+	for p, part := range partitionLeases(ops) {
 		if porcupine.CheckOperationsTimeout(Lease, part, checkTimeout) != porcupine.Ok {
 			r.BadNames = append(r.BadNames, part[0].Input.(LeaseInput).Name)
 			var longest []int

@@ -83,20 +83,7 @@ type state struct {
 // client to hold it.
 var Strict = porcupine.Model{
 	Partition: func(ops []porcupine.Operation) [][]porcupine.Operation {
-		byName := map[string][]porcupine.Operation{}
-		var names []string
-		for _, op := range ops {
-			n := op.Input.(Input).Name
-			if _, ok := byName[n]; !ok {
-				names = append(names, n)
-			}
-			byName[n] = append(byName[n], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(names))
-		for _, n := range names {
-			out = append(out, byName[n])
-		}
-		return out
+		return partitionByName(ops, func(in any) string { return in.(Input).Name })
 	},
 	Init: func() any { return state{holder: -1} },
 	Step: func(st, in, out any) (bool, any) {
@@ -193,4 +180,23 @@ func (r *Register) Counts() (accepted, rejected int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.accepted, r.rejected
+}
+
+// partitionByName splits a history into one part per lock name, in the
+// order the names first appear; name reads an operation's input's name.
+func partitionByName(ops []porcupine.Operation, name func(input any) string) [][]porcupine.Operation {
+	byName := map[string][]porcupine.Operation{}
+	var names []string
+	for _, op := range ops {
+		n := name(op.Input)
+		if _, ok := byName[n]; !ok {
+			names = append(names, n)
+		}
+		byName[n] = append(byName[n], op)
+	}
+	out := make([][]porcupine.Operation, 0, len(names))
+	for _, n := range names {
+		out = append(out, byName[n])
+	}
+	return out
 }
