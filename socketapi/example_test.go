@@ -244,6 +244,20 @@ func ExampleSocketPath() {
 	// Output: /srv/app/lockagent.sock
 }
 
+// PingAgent tells whether an agent serves a socket: a health check.
+func ExamplePingAgent() {
+	socket, stop := startExampleAgent()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+
+	fmt.Println("agent:", socketapi.PingAgent(ctx, socket) == nil)
+	fmt.Println("nothing:", socketapi.PingAgent(ctx, socket+".none") == nil)
+	// Output:
+	// agent: true
+	// nothing: false
+}
+
 // exampleClient dials the agent and says hello.
 func exampleClient(ctx context.Context, socket string) *socketapi.Client {
 	c, err := socketapi.Dial(ctx, socket)

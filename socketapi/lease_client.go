@@ -341,6 +341,17 @@ func (c *Client) Ping(ctx context.Context) error {
 	return c.Call(ctx, "ping", nil, nil)
 }
 
+// PingAgent connects to the agent at path, pings it and hangs up: nil
+// when an agent serves path, within ctx.
+func PingAgent(ctx context.Context, path string) error {
+	c, err := Dial(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Ping(ctx)
+}
+
 func holders(hs []holderJSON) []Holder {
 	out := make([]Holder, len(hs))
 	for i, h := range hs {

@@ -376,12 +376,7 @@ func (e *agentEnv) start(t *testing.T, extraEnv ...string) *proc {
 func pingOnce(socket string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	c, err := socketapi.Dial(ctx, socket)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return c.Call(ctx, "ping", nil, nil)
+	return socketapi.PingAgent(ctx, socket)
 }
 
 // stopAgent sends SIGTERM and requires a clean exit in bounded time.

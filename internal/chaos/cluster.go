@@ -155,12 +155,7 @@ func (a *agent) start() error {
 func ping(socket string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	c, err := socketapi.Dial(ctx, socket)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return c.Call(ctx, "ping", nil, nil)
+	return socketapi.PingAgent(ctx, socket)
 }
 
 // running reports whether the agent's process is alive (stopped counts).
