@@ -14,8 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/internal/agentbin"
 	"github.com/lockagent/lockagent/socketapi"
 )
 
@@ -58,45 +57,11 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	lockagentBin = filepath.Join(dir, "lockagent")
-	args := []string{"build", "-o", lockagentBin, "-ldflags", "-X main.version=" + testVersion}
-	if raceEnabled() {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command(goTool(), append(args, ".")...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
+	if lockagentBin, err = agentbin.Build(dir, testVersion); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building lockagent:", err)
 		return 1
 	}
 	return m.Run()
-}
-
-// goTool is the go command of the toolchain that built the tests, else the
-// one on PATH.
-func goTool() string {
-	if root := runtime.GOROOT(); root != "" {
-		p := filepath.Join(root, "bin", "go")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "go"
-}
-
-// raceEnabled tells whether the tests run with the race detector.
-func raceEnabled() bool {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "-race" {
-				return s.Value == "true"
-			}
-		}
-	}
-	return false
 }
 
 // helperMain runs the test binary as a helper process: an application that

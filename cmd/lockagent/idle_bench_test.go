@@ -37,6 +37,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockagent/lockagent/internal/agentbin"
 )
 
 const (
@@ -47,7 +49,7 @@ const (
 )
 
 func BenchmarkIdleSessions(b *testing.B) {
-	if raceEnabled() {
+	if agentbin.RaceEnabled() {
 		b.Fatal("run without -race: the race detector allows 8128 goroutines and its shadow memory skews RSS")
 	}
 	var lim syscall.Rlimit

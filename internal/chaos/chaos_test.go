@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lockagent/lockagent/internal/agentbin"
 )
 
 var (
@@ -31,7 +33,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(1)
 	}
-	bin, err = Build(dir)
+	bin, err = agentbin.Build(dir, "chaos-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)

@@ -1,0 +1,64 @@
+// Package agentbin builds the lockagent binary for tests that run it as a
+// process (the end-to-end tests and the chaos suite), the way the test
+// binary itself was built.
+package agentbin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+)
+
+// agentPackage is the agent's main package.
+const agentPackage = "github.com/lockagent/lockagent/cmd/lockagent"
+
+// Build builds the lockagent binary into dir with version stamped in, with
+// the race detector when the calling test binary has it, and returns its
+// path. It runs the go command of the toolchain that built the caller,
+// from the current directory, which must lie inside the module (as a
+// test's does).
+func Build(dir, version string) (string, error) {
+	bin := filepath.Join(dir, "lockagent")
+	args := []string{"build", "-o", bin, "-ldflags", "-X main.version=" + version}
+	if RaceEnabled() {
+		args = append(args, "-race")
+	}
+	args = append(args, agentPackage)
+	out, err := exec.Command(goTool(), args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("agentbin: go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return bin, nil
+}
+
+// RaceEnabled tells whether the running binary was built with the race
+// detector.
+func RaceEnabled() bool {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" {
+				return s.Value == "true"
+			}
+		}
+	}
+	return false
+}
+
+// goTool is the go command of the toolchain that built the caller, else
+// the one on PATH.
+func goTool() string {
+	if root := runtime.GOROOT(); root != "" {
+		p := filepath.Join(root, "bin", "go")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "go"
+}
