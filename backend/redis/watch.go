@@ -95,6 +95,11 @@ func (s *subscription) wake(msg string) {
 // watch adds a watcher of channel for ticket and waits, a bounded time,
 // for the subscription to be confirmed.
 func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan struct{}, func(), error) {
+	// A canceled context fails even when the subscription is already
+	// confirmed: select would otherwise pick either ready case at random.
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
