@@ -133,15 +133,14 @@ type keys struct {
 }
 
 func (b *Backend) keys(name string) keys {
-	base := b.prefix + ":lk:{" + b.tag(name) + "}"
+	base := b.holderKey(name)
 	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", q: base + ":q", qe: base + ":qe", c: base + ":c"}
 }
 
-// holderKeys are X, R and T of a name, what a renewal touches, without
-// building the other keys.
-func (b *Backend) holderKeys(name string) (x, r, t string) {
-	x = b.prefix + ":lk:{" + b.tag(name) + "}"
-	return x, x + ":r", x + ":t"
+// holderKey is X of a name, without building the other keys (R and T are
+// X with ":r" and ":t").
+func (b *Backend) holderKey(name string) string {
+	return b.prefix + ":lk:{" + b.tag(name) + "}"
 }
 
 // tag is the hash tag of a name's keys.

@@ -212,6 +212,62 @@ func TestRenewTellsTakenOver(t *testing.T) {
 	assert.NotErrorIs(t, errs[0], backend.ErrTakenOver)
 }
 
+// TestRenewMixedBatch: one batch of exclusive leases of two TTLs and
+// shared leases, some held, some gone, some taken over: each lease gets its
+// own answer, and each renewed key its own TTL.
+func TestRenewMixedBatch(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	b := open(t, newClient(srv.Addr()), "mx")
+	defer b.Close()
+	ctx := context.Background()
+	rc := srv.Client(t)
+	var reqs []backend.RenewRequest
+	want := map[string]error{}
+	for i := range 30 {
+		name := fmt.Sprintf("n%d", i)
+		mode := backend.Exclusive
+		if i%3 == 2 {
+			mode = backend.Shared
+		}
+		ttl := 20 * time.Second
+		if i%2 == 1 {
+			ttl = 40 * time.Second
+		}
+		grant(t, b, name, "l"+name, mode)
+		switch i % 5 {
+		case 3: // released: gone
+			require.NoError(t, b.Release(ctx, backend.Lease{Name: name, LeaseID: "l" + name, Mode: mode}))
+			want[name] = backend.ErrNotHeld
+		case 4: // deleted by an operator and granted to another lease
+			require.NoError(t, rc.Del(ctx, "mx:lk:{"+name+"}", "mx:lk:{"+name+"}:r", "mx:lk:{"+name+"}:t").Err())
+			grant(t, b, name, "other"+name, backend.Exclusive)
+			want[name] = backend.ErrTakenOver
+		default:
+			want[name] = nil
+		}
+		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l" + name, Mode: mode}, TTL: ttl})
+	}
+	errs := b.Renew(ctx, reqs)
+	require.Len(t, errs, len(reqs))
+	for i, r := range reqs {
+		if want[r.Name] == nil {
+			require.NoError(t, errs[i], r.Name)
+			key := "mx:lk:{" + r.Name + "}"
+			if r.Mode == backend.Shared {
+				key += ":r"
+			}
+			pttl, err := rc.PTTL(ctx, key).Result()
+			require.NoError(t, err)
+			assert.InDelta(t, r.TTL.Seconds(), pttl.Seconds(), 2, r.Name)
+			continue
+		}
+		require.ErrorIs(t, errs[i], want[r.Name], r.Name)
+		if want[r.Name] == backend.ErrNotHeld {
+			assert.NotErrorIs(t, errs[i], backend.ErrTakenOver, r.Name)
+		}
+	}
+}
+
 // TestClusterConformance: the suite passes on a three-primary Cluster,
 // where names land on different primaries.
 func TestClusterConformance(t *testing.T) {

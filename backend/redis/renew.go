@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -54,6 +55,27 @@ end
 return out
 `)
 
+// renewHeldScript extends exclusive leases that still hold their names:
+// KEYS are their X keys, ARGV the ttl in ms and then each lease id in turn.
+// It returns, per lease, 1 renewed or 0 not (gone, taken over, or a key of
+// another type), and a lease not renewed goes to renewScript, which tells
+// gone from taken over. Exclusive renewals are most of an agent's steady
+// load: one key and one argument per lease and no TIME cost Redis about a
+// third less per lease than renewScript.
+var renewHeldScript = goredis.NewScript(`
+local ttl = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS do
+  if redis.pcall('HGET', KEYS[i], 'o') == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+`)
+
 const (
 	// renewChunk bounds one pipeline, so that a large batch does not hold
 	// a connection for long nor build one huge reply.
@@ -65,7 +87,9 @@ const (
 
 // Renew extends a batch: the leases of a chunk go in script calls of up
 // to renewPerCall leases each (of one hash slot each on Cluster), all in
-// one pipelined round trip (per node on Cluster).
+// one pipelined round trip (per node on Cluster). Exclusive leases go to
+// renewHeldScript, by TTL, and only those it did not renew to renewScript,
+// in a second round trip.
 func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	errs := make([]error, len(reqs))
 	for start := 0; start < len(reqs); start += renewChunk {
@@ -75,106 +99,149 @@ func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []erro
 	return errs
 }
 
-// renewCall is one script call: the indexes of its leases in the chunk.
-type renewCall []int
-
-// renewCalls groups the leases of a chunk into script calls.
-func (b *Backend) renewCalls(reqs []backend.RenewRequest) []renewCall {
-	var calls []renewCall
-	if _, cluster := b.c.(*goredis.ClusterClient); !cluster {
-		for start := 0; start < len(reqs); start += renewPerCall {
-			call := make(renewCall, 0, min(renewPerCall, len(reqs)-start))
-			for i := start; i < min(start+renewPerCall, len(reqs)); i++ {
-				call = append(call, i)
-			}
-			calls = append(calls, call)
-		}
-		return calls
+func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
 	}
-	open := map[uint16]int{} // slot -> its call still filling
-	for i, r := range reqs {
-		slot := hashSlot(b.tag(r.Name))
-		j, ok := open[slot]
-		if !ok || len(calls[j]) == renewPerCall {
-			j = len(calls)
-			open[slot] = j
-			calls = append(calls, nil)
+	missed := b.runRenewals(ctx, reqs, b.renewCalls(reqs, all, true), errs)
+	if len(missed) > 0 {
+		b.runRenewals(ctx, reqs, b.renewCalls(reqs, missed, false), errs)
+	}
+}
+
+// renewCall is one script call.
+type renewCall struct {
+	held bool          // a renewHeldScript call, of exclusive leases
+	ttl  time.Duration // of every lease of a held call
+	idx  []int         // the leases' indexes in the chunk
+}
+
+// renewCalls groups the leases idx of a chunk into script calls: with
+// held, exclusive leases into renewHeldScript calls by TTL; the others
+// into renewScript calls. On Cluster a call holds the leases of one slot.
+func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) []renewCall {
+	type group struct {
+		slot uint16
+		held bool
+		ttl  time.Duration
+	}
+	_, cluster := b.c.(*goredis.ClusterClient)
+	var calls []renewCall
+	open := map[group]int{} // the call of each group still filling
+	for _, i := range idx {
+		r := reqs[i]
+		var g group
+		if held && r.Mode == backend.Exclusive {
+			g.held, g.ttl = true, r.TTL
 		}
-		calls[j] = append(calls[j], i)
+		if cluster {
+			g.slot = hashSlot(b.tag(r.Name))
+		}
+		j, ok := open[g]
+		if !ok || len(calls[j].idx) == renewPerCall {
+			j = len(calls)
+			open[g] = j
+			calls = append(calls, renewCall{held: g.held, ttl: g.ttl})
+		}
+		calls[j].idx = append(calls[j].idx, i)
 	}
 	return calls
 }
 
-func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
-	calls := b.renewCalls(reqs)
-	run := func(calls []renewCall, eval func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd) []*goredis.Cmd {
-		cmds := make([]*goredis.Cmd, len(calls))
-		p := b.c.Pipeline()
-		for j, call := range calls {
-			keys := make([]string, 0, 3*len(call))
-			args := make([]any, 0, 3*len(call))
-			for _, i := range call {
-				r := reqs[i]
-				x, rk, t := b.holderKeys(r.Name)
-				keys = append(keys, x, rk, t)
-				args = append(args, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
-			}
-			cmds[j] = eval(p, keys, args...)
-		}
-		p.Exec(ctx) // each command carries its own error
-		return cmds
-	}
-	cmds := run(calls, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
-		return renewScript.EvalSha(ctx, p, k, args...)
-	})
+// runRenewals sends calls in one pipeline, loading the scripts and
+// sending again if the server lost them, sets the errors of their leases
+// and returns the exclusive leases that renewHeldScript did not renew.
+func (b *Backend) runRenewals(ctx context.Context, reqs []backend.RenewRequest, calls []renewCall, errs []error) (missed []int) {
+	cmds := b.sendRenewals(ctx, reqs, calls, false)
 	var again []renewCall
 	for j, c := range cmds {
 		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 			again = append(again, calls[j])
 			continue
 		}
-		b.renewResults(reqs, calls[j], c, errs)
+		missed = b.renewResults(reqs, calls[j], c, errs, missed)
 	}
 	if len(again) == 0 {
-		return
+		return missed
 	}
 	// The server lost its scripts (a restart, a failover): load them and
 	// send again what failed; a renewal is idempotent.
 	if err := b.loadScripts(ctx); err != nil {
 		for _, call := range again {
-			for _, i := range call {
+			for _, i := range call.idx {
 				errs[i] = b.fail("renew", reqs[i].Name, err)
 			}
 		}
-		return
+		return missed
 	}
-	cmds = run(again, func(p goredis.Pipeliner, k []string, args ...any) *goredis.Cmd {
-		return renewScript.Eval(ctx, p, k, args...)
-	})
-	for j, c := range cmds {
-		b.renewResults(reqs, again[j], c, errs)
+	for j, c := range b.sendRenewals(ctx, reqs, again, true) {
+		missed = b.renewResults(reqs, again[j], c, errs, missed)
 	}
+	return missed
 }
 
-// renewResults sets the errors of a call's leases from its reply.
-func (b *Backend) renewResults(reqs []backend.RenewRequest, call renewCall, c *goredis.Cmd, errs []error) {
-	vals, err := c.Int64Slice()
-	if err == nil && len(vals) != len(call) {
-		err = fmt.Errorf("renew: %d results for %d leases", len(vals), len(call))
+// sendRenewals sends calls in one pipeline, by EVALSHA or, with eval, by
+// EVAL, and returns their commands, each with its own reply or error.
+func (b *Backend) sendRenewals(ctx context.Context, reqs []backend.RenewRequest, calls []renewCall, eval bool) []*goredis.Cmd {
+	cmds := make([]*goredis.Cmd, len(calls))
+	p := b.c.Pipeline()
+	for j, call := range calls {
+		script := renewScript
+		var keys []string
+		var args []any
+		if call.held {
+			script = renewHeldScript
+			keys = make([]string, 0, len(call.idx))
+			args = make([]any, 0, 1+len(call.idx))
+			args = append(args, call.ttl.Milliseconds())
+			for _, i := range call.idx {
+				keys = append(keys, b.holderKey(reqs[i].Name))
+				args = append(args, reqs[i].LeaseID)
+			}
+		} else {
+			keys = make([]string, 0, 3*len(call.idx))
+			args = make([]any, 0, 3*len(call.idx))
+			for _, i := range call.idx {
+				r := reqs[i]
+				x := b.holderKey(r.Name)
+				keys = append(keys, x, x+":r", x+":t")
+				args = append(args, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
+			}
+		}
+		if eval {
+			cmds[j] = script.Eval(ctx, p, keys, args...)
+		} else {
+			cmds[j] = script.EvalSha(ctx, p, keys, args...)
+		}
 	}
-	for j, i := range call {
+	p.Exec(ctx) // each command carries its own error
+	return cmds
+}
+
+// renewResults sets the errors of a call's leases from its reply, and
+// returns missed with the leases of a held call that it did not renew.
+func (b *Backend) renewResults(reqs []backend.RenewRequest, call renewCall, c *goredis.Cmd, errs []error, missed []int) []int {
+	vals, err := c.Int64Slice()
+	if err == nil && len(vals) != len(call.idx) {
+		err = fmt.Errorf("renew: %d results for %d leases", len(vals), len(call.idx))
+	}
+	for j, i := range call.idx {
 		r := reqs[i]
 		switch {
 		case err != nil:
 			errs[i] = b.fail("renew", r.Name, err)
 		case vals[j] == 1:
 			errs[i] = nil
+		case call.held:
+			missed = append(missed, i)
 		case vals[j] == 2:
 			errs[i] = fmt.Errorf("renew %q: %w", r.Name, backend.ErrTakenOver)
 		default:
 			errs[i] = fmt.Errorf("renew %q: %w", r.Name, backend.ErrNotHeld)
 		}
 	}
+	return missed
 }
 
 // hashSlot is Redis Cluster's slot of a hash tag: CRC16 (XMODEM) mod 16384.

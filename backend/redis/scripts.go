@@ -347,4 +347,4 @@ end
 return out
 `)
 
-var scripts = []*goredis.Script{acquireScript, renewScript, releaseScript, leaveScript, inspectScript, batchScript}
+var scripts = []*goredis.Script{acquireScript, renewScript, renewHeldScript, releaseScript, leaveScript, inspectScript, batchScript}
