@@ -108,7 +108,7 @@ type Agent struct {
 	leases   map[string]*lease // by lease id
 	queues   map[string]*queue // by name; present while it has waiters
 	waiters  int               // waiting acquires across every queue
-	sched    renewHeap
+	sched    schedule
 	closing  bool      // Run is shutting down: no new sessions or grants
 	atRisk   int       // leases whose last renewal had an unknown outcome
 	degraded bool      // atRisk > 0, as last told to the sessions
@@ -144,6 +144,7 @@ func New(cfg Config) *Agent {
 		done:     make(chan struct{}),
 		started:  time.Now(),
 	}
+	a.sched.origin = a.started
 	a.SetAccess(cfg.Access)
 	return a
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -57,44 +56,9 @@ func (l *lease) due() time.Time {
 	return l.nextRenew
 }
 
-// renewHeap orders leases by due time. Each entry keeps its lease's due
-// time, so that ordering 100,000 leases reads one array and not 100,000
-// leases scattered in memory; whoever changes what due returns calls
-// Agent.reschedule.
-type renewHeap []schedEntry
-
-type schedEntry struct {
-	due time.Time
-	l   *lease
-}
-
-func (h renewHeap) Len() int           { return len(h) }
-func (h renewHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h renewHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].l.index = i
-	h[j].l.index = j
-}
-func (h *renewHeap) Push(x any) {
-	l := x.(*lease)
-	l.index = len(*h)
-	*h = append(*h, schedEntry{due: l.due(), l: l})
-}
-func (h *renewHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = schedEntry{}
-	*h = old[:len(old)-1]
-	e.l.index = -1
-	return e.l
-}
-
 // reschedule puts l in its place in the schedule after its due time
 // changed. a.mu is held.
-func (a *Agent) reschedule(l *lease) {
-	a.sched[l.index].due = l.due()
-	heap.Fix(&a.sched, l.index)
-}
+func (a *Agent) reschedule(l *lease) { a.sched.fix(l) }
 
 // renewInterval is about a third of the TTL, with ±10% jitter so that
 // leases granted together spread out.
@@ -111,7 +75,7 @@ func (a *Agent) addLease(l *lease) {
 	}
 	l.session.leases[l.name] = l
 	a.perUID[l.session.peer.UID]++
-	heap.Push(&a.sched, l)
+	a.sched.push(l)
 	if l.due().Before(a.nextWake) {
 		a.kickScheduler()
 	}
@@ -129,7 +93,7 @@ func (a *Agent) dropLease(l *lease) {
 		delete(l.session.leases, l.name)
 	}
 	if l.index >= 0 {
-		heap.Remove(&a.sched, l.index)
+		a.sched.remove(l)
 	}
 	if l.atRisk {
 		a.atRisk-- // l keeps its flag: lose reads it for the reason
@@ -195,7 +159,7 @@ func (s *Session) LoseOverdue() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.sched) == 0 || a.sched[0].due.After(now) {
+	if a.sched.len() == 0 || a.sched.next().After(now) {
 		return
 	}
 	for _, l := range a.leases {
@@ -232,8 +196,8 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		}
 		a.lastSeen = st
 		var healthy, atRisk []*lease
-		for len(a.sched) > 0 {
-			l := a.sched[0].l
+		for a.sched.len() > 0 {
+			l := a.sched.top()
 			if !now.Before(l.validUntil) {
 				a.lose(l, lostReason(l))
 				continue
@@ -254,8 +218,8 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 			}
 		}
 		wait := time.Hour
-		if len(a.sched) > 0 {
-			wait = min(a.sched[0].due.Sub(now), suspendCheck)
+		if a.sched.len() > 0 {
+			wait = min(a.sched.next().Sub(now), suspendCheck)
 		}
 		a.nextWake = now.Add(wait)
 		a.wakeBy.Store(int64(a.nextWake.Sub(a.started)))
@@ -317,8 +281,8 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 		}
 	}
 	for i, l := range batch {
-		if a.leases[l.id] != l {
-			continue // released or lost meanwhile
+		if l.index < 0 {
+			continue // released or lost meanwhile: out of the schedule
 		}
 		l.renewing = false
 		err := errs[i]
