@@ -3,11 +3,10 @@ package agent
 import "time"
 
 // schedule orders leases by due time (see lease.due), earliest first: a
-// 4-ary heap of due times as nanoseconds since origin on the monotonic
-// clock. Each entry keeps its lease's due time, so that ordering 100,000
-// leases reads one array and not 100,000 leases scattered in memory, and a
-// heap four wide is half as deep as a binary one. Whoever changes what
-// due returns calls fix.
+// heap arity wide of due times, as nanoseconds since origin on the
+// monotonic clock. Each entry keeps its lease's due time, so that ordering
+// 100,000 leases reads one array and not 100,000 leases scattered in
+// memory. Whoever changes what due returns calls fix.
 type schedule struct {
 	origin time.Time
 	e      []schedEntry
@@ -44,7 +43,7 @@ func (s *schedule) fix(l *lease) {
 func (s *schedule) remove(l *lease) {
 	i, last := l.index, len(s.e)-1
 	if i != last {
-		s.swap(i, last)
+		s.set(i, s.e[last])
 	}
 	s.e[last] = schedEntry{}
 	s.e = s.e[:last]
@@ -54,42 +53,52 @@ func (s *schedule) remove(l *lease) {
 	}
 }
 
-func (s *schedule) swap(i, j int) {
-	s.e[i], s.e[j] = s.e[j], s.e[i]
-	s.e[i].l.index = i
-	s.e[j].l.index = j
+// arity is the heap's width: a wide heap is shallow, and its children sit
+// side by side in memory. BenchmarkSchedule (100,000 leases) finds four
+// faster than eight or sixteen.
+const arity = 4
+
+// set puts e at i. Sifting moves each entry once into the hole left by the
+// one sifted, instead of swapping at every level: half the writes into
+// the leases, which are scattered in memory.
+func (s *schedule) set(i int, e schedEntry) {
+	s.e[i] = e
+	e.l.index = i
 }
 
 func (s *schedule) up(i int) {
+	e := s.e[i]
 	for i > 0 {
-		p := (i - 1) / 4
-		if s.e[p].due <= s.e[i].due {
-			return
+		p := (i - 1) / arity
+		if s.e[p].due <= e.due {
+			break
 		}
-		s.swap(i, p)
+		s.set(i, s.e[p])
 		i = p
 	}
+	s.set(i, e)
 }
 
 // down moves entry i down to its place and reports whether it moved.
 func (s *schedule) down(i int) bool {
-	start := i
+	start, e := i, s.e[i]
 	for {
-		c := 4*i + 1
+		c := arity*i + 1
 		if c >= len(s.e) {
 			break
 		}
 		m := c
-		for k := c + 1; k < min(c+4, len(s.e)); k++ {
+		for k := c + 1; k < min(c+arity, len(s.e)); k++ {
 			if s.e[k].due < s.e[m].due {
 				m = k
 			}
 		}
-		if s.e[i].due <= s.e[m].due {
+		if e.due <= s.e[m].due {
 			break
 		}
-		s.swap(i, m)
+		s.set(i, s.e[m])
 		i = m
 	}
+	s.set(i, e)
 	return i > start
 }
