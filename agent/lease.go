@@ -139,9 +139,16 @@ func (a *Agent) kickScheduler() {
 	}
 }
 
-// coalesce is the share of its TTL by which a lease's renewal may be sent
-// early, to go in the same batch as others due about then.
-const coalesce = 30
+// A lease's renewal may be sent early, by a share 1/coalesce of its TTL
+// and at most maxEarly, to go in the same batch as others due about then.
+// Every early renewal is one more renewal: under a heavy load batches
+// fill within a few milliseconds anyway, and maxEarly keeps the leases
+// renewing at a third of their TTL on average (ttl/30 alone made 15 s
+// leases renew about 5% more often).
+const (
+	coalesce = 30
+	maxEarly = 100 * time.Millisecond
+)
 
 // LoseOverdue loses every lease whose local deadline has passed, at once.
 // The scheduler does it as deadlines fall due; socketapi calls this before
@@ -202,7 +209,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 				a.lose(l, lostReason(l))
 				continue
 			}
-			early := l.ttl / coalesce
+			early := min(l.ttl/coalesce, maxEarly)
 			if l.atRisk {
 				early = 0 // retried on their own schedule, never sooner
 			}
