@@ -24,7 +24,7 @@ local function renew(X, R, T, id, mode, ttl)
     -- type fails the read, and is no holder), then extended.
     local ok, v = pcall(redis.call, 'HMGET', X, 'o', 'k')
     if not ok or not v[1] then
-      if kind(R) == 'zset' and redis.call('ZCOUNT', R, now, '+inf') > 0 then return 2 end
+      if kind(R) == 'zset' and redis.call('ZCOUNT', R, clock(), '+inf') > 0 then return 2 end
       return 0
     end
     if v[1] == id and tonumber(v[2]) then
@@ -39,12 +39,12 @@ local function renew(X, R, T, id, mode, ttl)
   end
   local s = redis.call('ZSCORE', R, id)
   if not s then return 0 end
-  if tonumber(s) < now then
+  if tonumber(s) < clock() then
     redis.call('ZREM', R, id)
     redis.call('HDEL', T, id)
     return 0
   end
-  redis.call('ZADD', R, now + ttl, id)
+  redis.call('ZADD', R, clock() + ttl, id)
   expire_shared(R, T)
   return 1
 end

@@ -22,8 +22,17 @@ import goredis "github.com/redis/go-redis/v9"
 
 // common is prepended to every script.
 const common = `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- clock is the server's time in ms, read once per call and only when a
+-- script needs it: a call into Redis costs more than TIME itself, and an
+-- exclusive release or renewal needs no time.
+local t, now
+local function clock()
+  if not now then
+    t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
 local function kind(k) return redis.call('TYPE', k).ok end
 -- owner returns the lease id holding X and its token, or nil when X is
 -- not a holder lockagent wrote.
@@ -40,7 +49,7 @@ local function expire_shared(R, T)
 end
 -- prune_queue drops the tickets that expired; it returns how many.
 local function prune_queue(Q, QE)
-  local dead = redis.call('ZRANGEBYSCORE', QE, '-inf', string.format('(%d', now), 'LIMIT', 0, 256)
+  local dead = redis.call('ZRANGEBYSCORE', QE, '-inf', string.format('(%d', clock()), 'LIMIT', 0, 256)
   if #dead > 0 then
     redis.call('ZREM', Q, unpack(dead))
     redis.call('ZREM', QE, unpack(dead))
@@ -80,7 +89,7 @@ local function expire_queue(Q, QE)
   redis.call('PEXPIREAT', QE, top[2])
 end
 local function prune(R, T)
-  local dead = redis.call('ZRANGEBYSCORE', R, '-inf', string.format('(%d', now), 'LIMIT', 0, 256)
+  local dead = redis.call('ZRANGEBYSCORE', R, '-inf', string.format('(%d', clock()), 'LIMIT', 0, 256)
   if #dead > 0 then
     redis.call('ZREM', R, unpack(dead))
     redis.call('HDEL', T, unpack(dead))
@@ -125,6 +134,7 @@ if lastv then
   if not last then return {-2, F} end
 end
 local function fence()
+  clock()
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local tok = math.max(last + 1, us)
   redis.call('SET', F, string.format('%d', tok), 'PX', ARGV[7])
@@ -152,7 +162,7 @@ local function held(retry)
       if #last > 0 then seq = tonumber(last[2]) + 1 end
       redis.call('ZADD', Q, seq, member)
     end
-    redis.call('ZADD', QE, now + ttl, member)
+    redis.call('ZADD', QE, clock() + ttl, member)
     expire_queue(Q, QE)
   end
   return {0, math.max(retry, 1)}
@@ -176,10 +186,10 @@ if kx == 'hash' then
 end
 if mode == 's' then
   local mine = redis.call('ZSCORE', R, id)
-  if mine and tonumber(mine) >= now then
+  if mine and tonumber(mine) >= clock() then
     local tok = string.match(redis.call('HGET', T, id) or '', '^(%d+)|')
     if tok then
-      redis.call('ZADD', R, now + ttl, id)
+      redis.call('ZADD', R, clock() + ttl, id)
       expire_shared(R, T)
       return granted(tonumber(tok))
     end
@@ -193,7 +203,7 @@ if queued > 0 then
   local head = false
   for _, m in ipairs(g) do head = head or m == member end
   if not head then
-    return held((tonumber(redis.call('ZSCORE', QE, g[1])) or now) - now)
+    return held((tonumber(redis.call('ZSCORE', QE, g[1])) or clock()) - clock())
   end
 end
 
@@ -201,7 +211,7 @@ if mode == 'x' then
   if kr == 'zset' then
     prune(R, T)
     local top = redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')
-    if #top > 0 then return held(tonumber(top[2]) - now) end
+    if #top > 0 then return held(tonumber(top[2]) - clock()) end
     redis.call('DEL', R, T)
   end
   local tok = fence()
@@ -212,11 +222,11 @@ end
 
 prune(R, T)
 if limit > 0 then
-  local live = redis.call('ZRANGEBYSCORE', R, now, '+inf', 'WITHSCORES')
-  if #live / 2 >= limit then return held(tonumber(live[2]) - now) end
+  local live = redis.call('ZRANGEBYSCORE', R, clock(), '+inf', 'WITHSCORES')
+  if #live / 2 >= limit then return held(tonumber(live[2]) - clock()) end
 end
 local tok = fence()
-redis.call('ZADD', R, now + ttl, id)
+redis.call('ZADD', R, clock() + ttl, id)
 redis.call('HSET', T, id, string.format('%d', tok) .. rec)
 expire_shared(R, T)
 return granted(tok)
@@ -259,7 +269,7 @@ redis.call('ZREM', R, id)
 redis.call('HDEL', T, id)
 prune(R, T)
 expire_shared(R, T)
-if tonumber(s) < now then return 0 end
+if tonumber(s) < clock() then return 0 end
 wake_queue()
 return 1
 end
@@ -325,14 +335,14 @@ local X, R, T, F, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local last = 0
 if kind(F) == 'string' then last = tonumber(redis.call('GET', F)) or 0 end
 local queued = 0
-if kind(QE) == 'zset' then queued = redis.call('ZCOUNT', QE, now, '+inf') end
+if kind(QE) == 'zset' then queued = redis.call('ZCOUNT', QE, clock(), '+inf') end
 if kind(X) == 'hash' then
   local v = redis.call('HMGET', X, 'o', 'k', 'h', 'm')
   return {last, queued, 'x', v[1] or '', tonumber(v[2]) or 0, v[3] or '', v[4] or '', redis.call('PTTL', X)}
 end
 local out = {last, queued, ''}
 if kind(R) == 'zset' and kind(T) == 'hash' then
-  local live = redis.call('ZRANGEBYSCORE', R, now, '+inf', 'WITHSCORES')
+  local live = redis.call('ZRANGEBYSCORE', R, clock(), '+inf', 'WITHSCORES')
   for i = 1, #live, 2 do
     local rec = redis.call('HGET', T, live[i]) or ''
     local tok, host, meta = string.match(rec, '^(%d+)|([^|]*)|(.*)$')
@@ -341,7 +351,7 @@ if kind(R) == 'zset' and kind(T) == 'hash' then
     table.insert(out, tonumber(tok) or 0)
     table.insert(out, host or '')
     table.insert(out, meta or '')
-    table.insert(out, tonumber(live[i + 1]) - now)
+    table.insert(out, tonumber(live[i + 1]) - clock())
   end
 end
 return out
