@@ -180,58 +180,73 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	for start := 0; start < len(batch); start += batchPerCall {
 		chunks = append(chunks, batch[start:min(start+batchPerCall, len(batch))])
 	}
-	if len(chunks) == 1 {
-		keys, args := batchArgs(batch)
-		setBatchResults(ctx, batch, batchScript.Run(ctx, b.c, keys, args...))
-		return
+	cmdArgs := make([][]any, len(chunks))
+	for i, chunk := range chunks {
+		cmdArgs[i] = batchCommand(chunk)
 	}
-	send := func(chunks [][]*call, eval func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd) []*goredis.Cmd {
+	send := func(idx []int) []*goredis.Cmd {
+		cmds := make([]*goredis.Cmd, len(idx))
+		if len(idx) == 1 {
+			cmds[0] = b.c.Do(ctx, cmdArgs[idx[0]]...)
+			return cmds
+		}
 		p := b.c.Pipeline()
-		cmds := make([]*goredis.Cmd, len(chunks))
-		for i, chunk := range chunks {
-			keys, args := batchArgs(chunk)
-			cmds[i] = eval(p, keys, args...)
+		for j, i := range idx {
+			cmds[j] = p.Do(ctx, cmdArgs[i]...)
 		}
 		p.Exec(ctx) // each command carries its own error
 		return cmds
 	}
-	cmds := send(chunks, func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd {
-		return batchScript.EvalSha(ctx, p, keys, args...)
-	})
-	// Only the calls the server had no script for go again: the others ran.
-	var again [][]*call
-	for i, cmd := range cmds {
+	all := make([]int, len(chunks))
+	for i := range all {
+		all[i] = i
+	}
+	// Only the calls the server had no script for go again, by source:
+	// the others ran.
+	var again []int
+	for j, cmd := range send(all) {
 		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, chunks[i])
+			cmdArgs[j][0], cmdArgs[j][1] = "eval", batchSource
+			again = append(again, j)
 			continue
 		}
-		setBatchResults(ctx, chunks[i], cmd)
+		setBatchResults(ctx, chunks[j], cmd)
 	}
 	if len(again) == 0 {
 		return
 	}
-	cmds = send(again, func(p goredis.Pipeliner, keys []string, args ...any) *goredis.Cmd {
-		return batchScript.Eval(ctx, p, keys, args...)
-	})
-	for i, cmd := range cmds {
-		setBatchResults(ctx, again[i], cmd)
+	for j, cmd := range send(again) {
+		setBatchResults(ctx, chunks[again[j]], cmd)
 	}
 }
 
-// batchArgs are the keys and arguments of a batchScript call.
-func batchArgs(batch []*call) ([]string, []any) {
-	var keys []string
-	args := []any{len(batch)}
+// batchCommand is the EVALSHA of batchScript for batch, as the one slice
+// of arguments go-redis sends as it is: its keys, then the number of
+// requests and, per request, its kind ('a' acquire, 'r' release), its
+// numbers of keys and of arguments, and its arguments.
+func batchCommand(batch []*call) []any {
+	nk, na := 0, 0
+	for _, c := range batch {
+		nk += len(c.keys)
+		na += len(c.args)
+	}
+	cmd := make([]any, 0, 4+nk+3*len(batch)+na)
+	cmd = append(cmd, "evalsha", batchScript.Hash(), nk)
+	for _, c := range batch {
+		for _, k := range c.keys {
+			cmd = append(cmd, k)
+		}
+	}
+	cmd = append(cmd, len(batch))
 	for _, c := range batch {
 		kind := "r"
 		if c.script == acquireScript {
 			kind = "a"
 		}
-		keys = append(keys, c.keys...)
-		args = append(args, kind, len(c.keys), len(c.args))
-		args = append(args, c.args...)
+		cmd = append(cmd, kind, len(c.keys), len(c.args))
+		cmd = append(cmd, c.args...)
 	}
-	return keys, args
+	return cmd
 }
 
 // setBatchResults gives each call of a batchScript call its result.

@@ -133,8 +133,18 @@ type keys struct {
 }
 
 func (b *Backend) keys(name string) keys {
-	base := b.holderKey(name)
-	return keys{x: base, r: base + ":r", t: base + ":t", f: base + ":f", q: base + ":q", qe: base + ":qe", c: base + ":c"}
+	x := b.holderKey(name)
+	// One string holds the others, each a slice of it: one allocation
+	// instead of six, on every acquire and release.
+	all := x + ":r" + x + ":t" + x + ":f" + x + ":q" + x + ":qe" + x + ":c"
+	k := keys{x: x}
+	for _, p := range []struct {
+		key    *string
+		suffix int
+	}{{&k.r, 2}, {&k.t, 2}, {&k.f, 2}, {&k.q, 2}, {&k.qe, 3}, {&k.c, 2}} {
+		*p.key, all = all[:len(x)+p.suffix], all[len(x)+p.suffix:]
+	}
+	return k
 }
 
 // holderKey is X of a name, without building the other keys (R and T are

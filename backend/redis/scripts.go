@@ -331,7 +331,9 @@ end
 // returns per request what its own script returns, or {-9, message} when
 // it failed, without failing the others. It runs only where all its keys
 // may be in one call: not on Cluster.
-var batchScript = goredis.NewScript(fast + common + acquireFn + releaseFn + `
+var batchScript = goredis.NewScript(batchSource)
+
+const batchSource = fast + common + acquireFn + releaseFn + `
 local out = {}
 local ki, ai = 1, 2
 for i = 1, tonumber(ARGV[1]) do
@@ -358,7 +360,7 @@ for i = 1, tonumber(ARGV[1]) do
   end
 end
 return out
-`)
+`
 
 // leaveScript: KEYS Q QE C; ARGV ticket.
 // Returns 1 when the ticket was queued, 0 otherwise. When the head of the

@@ -1,0 +1,20 @@
+package redis
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestKeys: every key of a name, built as slices of one string, is the
+// name's hash-tagged key and its suffix.
+func TestKeys(t *testing.T) {
+	b := &Backend{prefix: "pfx"}
+	assert.Equal(t, keys{
+		x: "pfx:lk:{orders/42}", r: "pfx:lk:{orders/42}:r", t: "pfx:lk:{orders/42}:t", f: "pfx:lk:{orders/42}:f",
+		q: "pfx:lk:{orders/42}:q", qe: "pfx:lk:{orders/42}:qe", c: "pfx:lk:{orders/42}:c",
+	}, b.keys("orders/42"))
+	k := b.keys("a{b}")
+	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}:qe$`, k.qe)
+	assert.Equal(t, b.holderKey("a{b}"), k.x)
+}
