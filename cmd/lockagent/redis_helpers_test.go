@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,17 +208,29 @@ func (l *eventLog) kinds() []string {
 }
 
 // renewCallLeases tells whether the arguments of a MONITOR'ed EVALSHA or
-// EVAL ([cmd, script, numkeys, keys..., args...]) are a renew script call,
-// and if so returns the X key and lease id of each lease it renews: the
-// renew script takes X, R, T per lease as keys and lease id, mode, ttl per
-// lease as arguments (backend/redis/renew.go), and no other script has as
-// many arguments as keys, in threes.
+// EVAL ([cmd, script, numkeys, keys..., args...]) are a renewal script
+// call, and if so returns the X key and lease id of each lease it renews
+// (backend/redis/renew.go). The script for exclusive leases takes their X
+// keys, and the TTL then their lease ids: no other script's keys are all X
+// keys (ending in the hash tag's "}") with one argument more, a number
+// first. The general script takes X, R, T per lease as keys and lease id,
+// mode, ttl per lease as arguments: no other script has as many arguments
+// as keys, in threes.
 func renewCallLeases(args []string) (xs, leases []string, ok bool) {
 	if len(args) < 3 {
 		return nil, nil, false
 	}
 	nkeys, err := strconv.Atoi(args[2])
-	if err != nil || nkeys == 0 || nkeys%3 != 0 || len(args) != 3+2*nkeys {
+	if err != nil || nkeys == 0 {
+		return nil, nil, false
+	}
+	keys := args[3:min(3+nkeys, len(args))]
+	if len(args) == 4+2*nkeys && !slices.ContainsFunc(keys, func(k string) bool { return !strings.HasSuffix(k, "}") }) {
+		if _, err := strconv.Atoi(args[3+nkeys]); err == nil {
+			return keys, args[4+nkeys:], true
+		}
+	}
+	if nkeys%3 != 0 || len(args) != 3+2*nkeys {
 		return nil, nil, false
 	}
 	for j := 0; j < nkeys; j += 3 {
