@@ -128,6 +128,7 @@ func (c *conn) readLoop(ctx context.Context) {
 		line, err := c.lr.readLine()
 		if err != nil {
 			if c.idleTimeout(err, idle) {
+				c.lr.idle()
 				go c.readLoop(ctx)
 				return
 			}
