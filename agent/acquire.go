@@ -401,6 +401,11 @@ func (a *Agent) leave(w *waiter) {
 	defer a.mu.Unlock()
 	if w.s.pending[w.req.Name] == w {
 		delete(w.s.pending, w.req.Name)
+		if len(w.s.pending) == 0 {
+			// A map keeps its storage when emptied: a session that
+			// acquired once would keep it for good.
+			w.s.pending = nil
+		}
 		a.uncount(w.s.peer.UID)
 	}
 	if !w.queued {

@@ -27,8 +27,13 @@ type conn struct {
 	log  hclog.Logger
 
 	// Owned by the read loop.
-	sess      *agent.Session
-	heartbeat time.Duration
+	sess         *agent.Session
+	heartbeat    time.Duration
+	lr           lineReader
+	hbDeadline   time.Time // when the heartbeat runs out; zero: none
+	lineDeadline time.Time // when the line begun must end; zero: none
+	readDeadline time.Time // the socket's
+	ended        func()    // called once the connection is over
 
 	// mu guards the output queue and the pending requests. It is never held
 	// while calling the agent, which calls Send and Close with its own lock
@@ -58,10 +63,11 @@ type pendingReq struct {
 	done   chan struct{} // closed once the acquire is answered
 }
 
-// serve runs the connection until it ends, and returns once every
-// goroutine it started has finished.
+// serve runs the connection until it ends; then, once every goroutine it
+// started has finished, it calls ended. It returns at once: the reading
+// goes on in goroutines of its own (see readLoop).
 // ctx is the connection's own (see cancel).
-func (c *conn) serve(ctx context.Context) {
+func (c *conn) serve(ctx context.Context, ended func()) {
 	groups, err := c.srv.groups.groups(c.peer.UID)
 	if err != nil {
 		// The peer keeps its primary group only: rules can match less,
@@ -69,49 +75,114 @@ func (c *conn) serve(ctx context.Context) {
 		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 	}
 	c.peer.Groups = groups
+	c.ended = ended
+	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
+	c.armHeartbeat()
+	go c.readLoop(ctx)
+}
 
-	lr := newLineReader(c.nc, c.srv.MaxLineBytes)
-	// A line begun must end within LineTimeout (and before the heartbeat
-	// runs out): a peer that trickles bytes cannot hold its connection.
-	var hbDeadline, lineDeadline time.Time
-	lr.begun = func() {
-		lineDeadline = time.Now().Add(c.srv.LineTimeout)
-		c.nc.SetReadDeadline(soonest(hbDeadline, lineDeadline))
+// idleHandoff is how long a read loop that has handled requests waits for
+// the next one before it goes on waiting in a new goroutine (see
+// readLoop).
+const idleHandoff = time.Second
+
+// armHeartbeat starts the wait for the next request: it must come within
+// the heartbeat, if the session has one.
+func (c *conn) armHeartbeat() {
+	c.hbDeadline = time.Time{}
+	if c.heartbeat > 0 {
+		c.hbDeadline = time.Now().Add(c.heartbeat)
 	}
+}
+
+// lineBegun arms the line's own deadline: a line begun must end within
+// LineTimeout (and before the heartbeat runs out), so that a peer that
+// trickles bytes cannot hold its connection.
+func (c *conn) lineBegun() {
+	c.lineDeadline = time.Now().Add(c.srv.LineTimeout)
+	c.setReadDeadline(soonest(c.hbDeadline, c.lineDeadline))
+}
+
+// setReadDeadline sets the socket's read deadline, unless it is set
+// already.
+func (c *conn) setReadDeadline(t time.Time) {
+	if !t.Equal(c.readDeadline) {
+		c.readDeadline = t
+		c.nc.SetReadDeadline(t)
+	}
+}
+
+// readLoop reads and handles requests until the connection ends.
+//
+// Handling a request grows the goroutine's stack to several KiB, which the
+// runtime gives back only a half at a time at each garbage collection:
+// thousands of idle connections would each keep that much. So a read loop
+// that has handled requests, and then waits for the next one past
+// idleHandoff after the first, goes on in a new goroutine, which waits on
+// the smallest stack, and returns.
+func (c *conn) readLoop(ctx context.Context) {
+	var idle time.Time // when to hand off, once a request was handled
 	for {
-		hbDeadline = time.Time{}
-		if c.heartbeat > 0 {
-			hbDeadline = time.Now().Add(c.heartbeat)
-		}
-		lineDeadline = time.Time{}
-		c.nc.SetReadDeadline(hbDeadline)
-		line, err := lr.readLine()
+		c.lineDeadline = time.Time{}
+		c.setReadDeadline(soonest(c.hbDeadline, idle))
+		line, err := c.lr.readLine()
 		if err != nil {
-			if errors.Is(err, errLineTooLong) {
-				c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
-				c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
-			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				if !lineDeadline.IsZero() && (hbDeadline.IsZero() || lineDeadline.Before(hbDeadline)) {
-					c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
-				} else {
-					c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
-				}
+			if c.idleTimeout(err, idle) {
+				c.lr.idle()
+				go c.readLoop(ctx)
+				return
 			}
+			c.readFailed(err)
 			break
 		}
 		if ctx.Err() != nil {
 			break // closed by the agent: what was read is not its session's any more
 		}
 		if len(bytes.Trim(line, " \t")) == 0 {
-			continue // blank
+			c.armHeartbeat() // a blank line is a line all the same
+			continue
 		}
 		if !c.handle(ctx, line) {
 			break
 		}
+		if idle.IsZero() {
+			// Armed once, not for every request: a busy connection
+			// moves to a new goroutine once in a while, at no cost.
+			idle = time.Now().Add(idleHandoff)
+		}
+		c.armHeartbeat()
 	}
-	// The connection is gone: abandon its pending requests, detach it so
-	// that events go to the session's backlog and its connection-scoped
-	// leases are released, then flush and close.
+	c.finish()
+}
+
+// idleTimeout tells whether err is the end of the idle wait that ends at
+// idle (if set), rather than of the heartbeat or of a line begun.
+func (c *conn) idleTimeout(err error, idle time.Time) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout() && !idle.IsZero() && c.lineDeadline.IsZero() &&
+		(c.hbDeadline.IsZero() || idle.Before(c.hbDeadline))
+}
+
+// readFailed logs why reading ended, and answers a line too long.
+func (c *conn) readFailed(err error) {
+	if errors.Is(err, errLineTooLong) {
+		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
+		c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if !c.lineDeadline.IsZero() && (c.hbDeadline.IsZero() || c.lineDeadline.Before(c.hbDeadline)) {
+			c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
+		} else {
+			c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
+		}
+	}
+}
+
+// finish ends the connection once reading has: it abandons the pending
+// requests, detaches the connection so that events go to the session's
+// backlog and its connection-scoped leases are released, then flushes and
+// closes, waits for every goroutine the connection started, and calls
+// ended.
+func (c *conn) finish() {
 	c.end()
 	if c.sess != nil {
 		c.sess.Detach(c)
@@ -119,6 +190,7 @@ func (c *conn) serve(ctx context.Context) {
 	c.reqWG.Wait()
 	c.Close()
 	c.writerWG.Wait()
+	c.ended()
 }
 
 // Send queues an event; part of agent.Conn.

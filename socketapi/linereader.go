@@ -9,10 +9,11 @@ import (
 // errLineTooLong is returned by readLine when a line exceeds the limit.
 var errLineTooLong = errors.New("socketapi: line too long")
 
-// Buffer sizes of a connection's line reader: small while idle so that
-// thousands of idle sessions cost little, grown up to the line limit for a
-// long line, and shrunk again after it.
+// Buffer sizes of a connection's line reader: a few bytes while idle so
+// that thousands of idle sessions cost little, grown up to the line limit
+// for a long line, and shrunk again after it.
 const (
+	idleReadBuf   = 16
 	minReadBuf    = 512
 	shrinkReadBuf = 16 << 10
 )
@@ -63,13 +64,23 @@ func (lr *lineReader) readLine() ([]byte, error) {
 	}
 }
 
+// idle lets go of the buffer if nothing is pending in it, before a wait
+// that may be long.
+func (lr *lineReader) idle() {
+	if lr.start == lr.end {
+		lr.buf, lr.start, lr.end = nil, 0, 0
+	}
+}
+
 // makeRoom ensures free space after end: it moves pending bytes to the
 // front, grows the buffer (up to max+1 bytes of line and its newline), or
 // shrinks one left large by an earlier long line.
 func (lr *lineReader) makeRoom() {
 	pending := lr.end - lr.start
 	if lr.buf == nil {
-		lr.buf = make([]byte, minReadBuf)
+		// What arrives first goes into a few bytes: an idle connection
+		// waits on those, and the buffer grows once a line comes.
+		lr.buf = make([]byte, idleReadBuf)
 	}
 	if len(lr.buf) > shrinkReadBuf && pending < minReadBuf {
 		nb := make([]byte, minReadBuf)
@@ -82,7 +93,7 @@ func (lr *lineReader) makeRoom() {
 		lr.start, lr.end = 0, pending
 	}
 	if lr.end == len(lr.buf) {
-		size := min(2*len(lr.buf), lr.max+2)
+		size := min(max(2*len(lr.buf), minReadBuf), lr.max+2)
 		nb := make([]byte, size)
 		copy(nb, lr.buf[:lr.end])
 		lr.buf = nb

@@ -134,16 +134,15 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		conns[c] = struct{}{}
 		mu.Unlock()
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.serve(cctx)
+		go c.serve(cctx, func() {
 			mu.Lock()
 			delete(conns, c)
 			if perUID[peer.UID]--; perUID[peer.UID] == 0 {
 				delete(perUID, peer.UID)
 			}
 			mu.Unlock()
-		}()
+			wg.Done()
+		})
 	}
 	ln.Close()
 	if ctx.Err() != nil {
