@@ -665,6 +665,21 @@ func TestRun(t *testing.T) {
 		requireFree(t, "run/missing", 0)
 	})
 
+	t.Run("run killed kills the command", func(t *testing.T) {
+		p := startProc(t, "run", env, lockagentBin, "run", "run/orphan", "--", "sh", "-c", `echo "pid $$"; while :; do sleep 0.05; done`)
+		p.waitOutput(t, "pid ", exitTimeout)
+		var pid int
+		_, err := fmt.Sscanf(p.stdout.String(), "pid %d", &pid)
+		require.NoError(t, err)
+		require.NoError(t, p.cmd.Process.Kill())
+		eventually(t, exitTimeout, "the command dies with run", func() bool {
+			// Gone, or a zombie nobody reaped yet.
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || strings.Contains(string(stat), ") Z ")
+		})
+		requireFree(t, "run/orphan", 0)
+	})
+
 	t.Run("agent killed terminates the command", func(t *testing.T) {
 		e := newAgentEnv(t)
 		a := e.start(t)

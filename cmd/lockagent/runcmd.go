@@ -126,6 +126,10 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
 	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(token, 10), "LOCKAGENT_LEASE="+leaseID, "LOCKAGENT_NAME="+name)
+	// The command must not outlive run: a run killed (SIGKILL, the OOM
+	// killer) closes its connection, the agent releases the lock, and a
+	// command still running would work without it. The kernel kills it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("run %s: %w", argv[0], err)
 	}
