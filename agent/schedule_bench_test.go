@@ -2,6 +2,7 @@ package agent
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -12,7 +13,11 @@ func BenchmarkSchedule(b *testing.B) {
 	origin := time.Now()
 	s := schedule{origin: origin}
 	r := rand.New(rand.NewPCG(1, 2))
+	// In an agent, leases lie scattered among sessions, names and ids:
+	// here, among 1 KiB of other memory each.
+	var other [][]byte
 	for range 100000 {
+		other = append(other, make([]byte, 1024))
 		s.push(&lease{nextRenew: origin.Add(time.Duration(r.Int64N(int64(5 * time.Second)))), index: -1})
 	}
 	now := origin
@@ -24,4 +29,5 @@ func BenchmarkSchedule(b *testing.B) {
 		l.renewing, l.nextRenew = false, now.Add(4500*time.Millisecond+time.Duration(r.Int64N(int64(time.Second))))
 		s.fix(l)
 	}
+	runtime.KeepAlive(other)
 }
