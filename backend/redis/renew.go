@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -56,18 +55,19 @@ return out
 `)
 
 // renewHeldScript extends exclusive leases that still hold their names:
-// KEYS are their X keys, ARGV the ttl in ms and then each lease id in turn.
+// KEYS are their X keys, ARGV each one's lease id and ttl in ms in turn.
 // It returns, per lease, 1 renewed or 0 not (gone, taken over, or a key of
 // another type), and a lease not renewed goes to renewScript, which tells
-// gone from taken over. Exclusive renewals are most of an agent's steady
-// load: one key and one argument per lease and no TIME cost Redis about a
-// third less per lease than renewScript.
+// gone from taken over. X is the lease's holder when its o is the lease
+// id: lease ids are random, and only lockagent writes them. Exclusive
+// renewals are most of an agent's steady load: one key and two arguments
+// per lease and no TIME cost Redis about a quarter less per lease than
+// renewScript.
 var renewHeldScript = goredis.NewScript(`
-local ttl = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS do
-  if redis.pcall('HGET', KEYS[i], 'o') == ARGV[i + 1] then
-    redis.call('PEXPIRE', KEYS[i], ttl)
+  if redis.pcall('HGET', KEYS[i], 'o') == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
     out[i] = 1
   else
     out[i] = 0
@@ -88,8 +88,8 @@ const (
 // Renew extends a batch: the leases of a chunk go in script calls of up
 // to renewPerCall leases each (of one hash slot each on Cluster), all in
 // one pipelined round trip (per node on Cluster). Exclusive leases go to
-// renewHeldScript, by TTL, and only those it did not renew to renewScript,
-// in a second round trip.
+// renewHeldScript, and only those it did not renew to renewScript, in a
+// second round trip.
 func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	errs := make([]error, len(reqs))
 	for start := 0; start < len(reqs); start += renewChunk {
@@ -112,19 +112,17 @@ func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, e
 
 // renewCall is one script call.
 type renewCall struct {
-	held bool          // a renewHeldScript call, of exclusive leases
-	ttl  time.Duration // of every lease of a held call
-	idx  []int         // the leases' indexes in the chunk
+	held bool  // a renewHeldScript call, of exclusive leases
+	idx  []int // the leases' indexes in the chunk
 }
 
 // renewCalls groups the leases idx of a chunk into script calls: with
-// held, exclusive leases into renewHeldScript calls by TTL; the others
-// into renewScript calls. On Cluster a call holds the leases of one slot.
+// held, exclusive leases into renewHeldScript calls; the others into
+// renewScript calls. On Cluster a call holds the leases of one slot.
 func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) []renewCall {
 	type group struct {
 		slot uint16
 		held bool
-		ttl  time.Duration
 	}
 	_, cluster := b.c.(*goredis.ClusterClient)
 	var calls []renewCall
@@ -132,9 +130,7 @@ func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) 
 	for _, i := range idx {
 		r := reqs[i]
 		var g group
-		if held && r.Mode == backend.Exclusive {
-			g.held, g.ttl = true, r.TTL
-		}
+		g.held = held && r.Mode == backend.Exclusive
 		if cluster {
 			g.slot = hashSlot(b.tag(r.Name))
 		}
@@ -142,7 +138,7 @@ func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) 
 		if !ok || len(calls[j].idx) == renewPerCall {
 			j = len(calls)
 			open[g] = j
-			calls = append(calls, renewCall{held: g.held, ttl: g.ttl})
+			calls = append(calls, renewCall{held: g.held})
 		}
 		calls[j].idx = append(calls[j].idx, i)
 	}
@@ -193,11 +189,10 @@ func (b *Backend) sendRenewals(ctx context.Context, reqs []backend.RenewRequest,
 		if call.held {
 			script = renewHeldScript
 			keys = make([]string, 0, len(call.idx))
-			args = make([]any, 0, 1+len(call.idx))
-			args = append(args, call.ttl.Milliseconds())
+			args = make([]any, 0, 2*len(call.idx))
 			for _, i := range call.idx {
 				keys = append(keys, b.holderKey(reqs[i].Name))
-				args = append(args, reqs[i].LeaseID)
+				args = append(args, reqs[i].LeaseID, reqs[i].TTL.Milliseconds())
 			}
 		} else {
 			keys = make([]string, 0, 3*len(call.idx))

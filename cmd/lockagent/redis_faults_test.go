@@ -217,8 +217,9 @@ func (m *fltMonitor) scriptCalls() []fltCommand {
 
 // calls counts, per kind, the script calls about leaseID that Redis ran
 // at or after since. The scripts are told apart by their key count and
-// arguments (backend/redis/scripts.go, renew.go): renew has as many
-// arguments as keys, three per lease; acquire 7 keys and 8 arguments;
+// arguments (backend/redis/scripts.go, renew.go): the renewal scripts as
+// renewCallLeases says (a renewal the exclusive script missed, then sent
+// to the general one, counts twice); acquire 7 keys and 8 arguments;
 // release 6 keys and 2 arguments.
 func (m *fltMonitor) calls(leaseID string, since time.Time) (renews, acquires, releases int) {
 	for _, c := range m.scriptCalls() {
