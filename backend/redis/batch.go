@@ -184,39 +184,38 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	for i, chunk := range chunks {
 		cmdArgs[i] = batchCommand(chunk)
 	}
-	send := func(idx []int) []*goredis.Cmd {
-		cmds := make([]*goredis.Cmd, len(idx))
-		if len(idx) == 1 {
-			cmds[0] = b.c.Do(ctx, cmdArgs[idx[0]]...)
+	// send sends commands, one alone or many in one pipeline, and
+	// returns them, each with its own reply or error.
+	send := func(commands [][]any) []*goredis.Cmd {
+		cmds := make([]*goredis.Cmd, len(commands))
+		if len(commands) == 1 {
+			cmds[0] = b.c.Do(ctx, commands[0]...)
 			return cmds
 		}
 		p := b.c.Pipeline()
-		for j, i := range idx {
-			cmds[j] = p.Do(ctx, cmdArgs[i]...)
+		for i, args := range commands {
+			cmds[i] = p.Do(ctx, args...)
 		}
 		p.Exec(ctx) // each command carries its own error
 		return cmds
 	}
-	all := make([]int, len(chunks))
-	for i := range all {
-		all[i] = i
-	}
 	// Only the calls the server had no script for go again, by source:
 	// the others ran.
 	var again []int
-	for j, cmd := range send(all) {
+	var retry [][]any
+	for i, cmd := range send(cmdArgs) {
 		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmdArgs[j][0], cmdArgs[j][1] = "eval", batchSource
-			again = append(again, j)
+			cmdArgs[i][0], cmdArgs[i][1] = "eval", batchSource
+			again, retry = append(again, i), append(retry, cmdArgs[i])
 			continue
 		}
-		setBatchResults(ctx, chunks[j], cmd)
+		setBatchResults(ctx, chunks[i], cmd)
 	}
 	if len(again) == 0 {
 		return
 	}
-	for j, cmd := range send(again) {
-		setBatchResults(ctx, chunks[again[j]], cmd)
+	for k, cmd := range send(retry) {
+		setBatchResults(ctx, chunks[again[k]], cmd)
 	}
 }
 

@@ -137,14 +137,16 @@ func (b *Backend) keys(name string) keys {
 	// One string holds the others, each a slice of it: one allocation
 	// instead of six, on every acquire and release.
 	all := x + ":r" + x + ":t" + x + ":f" + x + ":q" + x + ":qe" + x + ":c"
-	k := keys{x: x}
-	for _, p := range []struct {
-		key    *string
-		suffix int
-	}{{&k.r, 2}, {&k.t, 2}, {&k.f, 2}, {&k.q, 2}, {&k.qe, 3}, {&k.c, 2}} {
-		*p.key, all = all[:len(x)+p.suffix], all[len(x)+p.suffix:]
+	n := len(x)
+	return keys{
+		x:  x,
+		r:  all[0 : n+2],
+		t:  all[n+2 : 2*n+4],
+		f:  all[2*n+4 : 3*n+6],
+		q:  all[3*n+6 : 4*n+8],
+		qe: all[4*n+8 : 5*n+11],
+		c:  all[5*n+11:],
 	}
-	return k
 }
 
 // holderKey is X of a name, without building the other keys (R and T are

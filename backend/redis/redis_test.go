@@ -71,6 +71,12 @@ func TestForeignKeyIsNeverOverwritten(t *testing.T) {
 		"fk:lk:{b}":   func() error { return rc.HSet(ctx, "fk:lk:{b}", "x", "y").Err() },
 		"fk:lk:{c}:r": func() error { return rc.Set(ctx, "fk:lk:{c}:r", "1", 0).Err() },
 		"fk:lk:{d}:f": func() error { return rc.Set(ctx, "fk:lk:{d}:f", "not a number", 0).Err() },
+		"fk:lk:{e}:f": func() error {
+			rc.Del(ctx, "fk:lk:{e}:f")
+			return rc.RPush(ctx, "fk:lk:{e}:f", "x").Err()
+		},
+		"fk:lk:{g}:q":  func() error { return rc.Set(ctx, "fk:lk:{g}:q", "x", 0).Err() },
+		"fk:lk:{h}:qe": func() error { return rc.Set(ctx, "fk:lk:{h}:qe", "x", 0).Err() },
 	} {
 		require.NoError(t, write())
 		name := key[len("fk:lk:{") : len("fk:lk:{")+1]
@@ -83,6 +89,13 @@ func TestForeignKeyIsNeverOverwritten(t *testing.T) {
 		again, _ := rc.Dump(ctx, key).Result()
 		assert.Equal(t, again, dump, "%s untouched", key)
 	}
+	// A release of a name whose holder key is not lockagent's releases
+	// nothing, and leaves it.
+	err := b.Release(ctx, backend.Lease{Name: "a", LeaseID: "l1", Mode: backend.Exclusive})
+	require.ErrorIs(t, err, backend.ErrNotHeld)
+	v, err := rc.Get(ctx, "fk:lk:{a}").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "someone else's", v)
 }
 
 // TestTokensSurviveDataLoss (B6): a restart without persistence, or a
