@@ -63,10 +63,9 @@ type pendingReq struct {
 	done   chan struct{} // closed once the acquire is answered
 }
 
-// serve runs the connection until it ends; then, once every goroutine it
-// started has finished, it calls ended. It returns at once: the reading
-// goes on in goroutines of its own (see readLoop).
-// ctx is the connection's own (see cancel).
+// serve starts the connection's read loop and returns; once the
+// connection has ended and every goroutine it started has finished, ended
+// is called. ctx is the connection's own (see cancel).
 func (c *conn) serve(ctx context.Context, ended func()) {
 	groups, err := c.srv.groups.groups(c.peer.UID)
 	if err != nil {
@@ -80,11 +79,6 @@ func (c *conn) serve(ctx context.Context, ended func()) {
 	c.armHeartbeat()
 	go c.readLoop(ctx)
 }
-
-// idleHandoff is how long a read loop that has handled requests waits for
-// the next one before it goes on waiting in a new goroutine (see
-// readLoop).
-const idleHandoff = time.Second
 
 // armHeartbeat starts the wait for the next request: it must come within
 // the heartbeat, if the session has one.
@@ -117,9 +111,9 @@ func (c *conn) setReadDeadline(t time.Time) {
 // Handling a request grows the goroutine's stack to several KiB, which the
 // runtime gives back only a half at a time at each garbage collection:
 // thousands of idle connections would each keep that much. So a read loop
-// that has handled requests, and then waits for the next one past
-// idleHandoff after the first, goes on in a new goroutine, which waits on
-// the smallest stack, and returns.
+// that is waiting for a request Server.IdleHandoff after the first it
+// handled goes on in a new goroutine, which waits on the smallest stack,
+// and returns.
 func (c *conn) readLoop(ctx context.Context) {
 	var idle time.Time // when to hand off, once a request was handled
 	for {
@@ -148,7 +142,7 @@ func (c *conn) readLoop(ctx context.Context) {
 		if idle.IsZero() {
 			// Armed once, not for every request: a busy connection
 			// moves to a new goroutine once in a while, at no cost.
-			idle = time.Now().Add(idleHandoff)
+			idle = time.Now().Add(c.srv.IdleHandoff)
 		}
 		c.armHeartbeat()
 	}

@@ -30,10 +30,6 @@ type lineReader struct {
 	waitedFor bool // begun was called for the pending line
 }
 
-func newLineReader(r io.Reader, max int) *lineReader {
-	return &lineReader{r: r, max: max}
-}
-
 // readLine returns the next line without its "\n" (nor a "\r" before it).
 // The slice is valid until the next call. A line longer than max bytes is
 // errLineTooLong: the reader stops at the limit and never buffers more.

@@ -28,6 +28,11 @@ type Server struct {
 	// byte has: a connection that starts a line and never ends it is
 	// closed. Default 10s.
 	LineTimeout time.Duration
+	// IdleHandoff is when, after the first request it handled, a
+	// connection's read loop goes on waiting in a fresh goroutine, whose
+	// stack is the smallest: so that thousands of idle connections do
+	// not each keep the stack their requests grew. Default 1s.
+	IdleHandoff time.Duration
 
 	// GroupsOf returns the groups of a uid, for ACL rules and admin
 	// groups; the answers are kept for a few seconds. Default GroupsOfUID.
@@ -55,6 +60,9 @@ func (s *Server) setDefaults() {
 	}
 	if s.LineTimeout == 0 {
 		s.LineTimeout = 10 * time.Second
+	}
+	if s.IdleHandoff == 0 {
+		s.IdleHandoff = time.Second
 	}
 	if s.GroupsOf == nil {
 		s.GroupsOf = GroupsOfUID

@@ -251,3 +251,56 @@ func TestHelloOverTheSessionCap(t *testing.T) {
 	r.fail(`{"op":"hello"}`, "limit_exceeded")
 	r.requireClosed()
 }
+
+// TestIdleHandoff: a read loop that goes on in a fresh goroutine while
+// idle (Server.IdleHandoff, 20 ms here, after each connection's first
+// request) keeps the connection's heartbeat and line timeout, and loses no
+// request, alone or pipelined.
+func TestIdleHandoff(t *testing.T) {
+	ta := startAgent(t, func(o *options) {
+		o.server.IdleHandoff = 20 * time.Millisecond
+		o.server.LineTimeout = 300 * time.Millisecond
+	})
+	// idle leaves the connection without a request long enough for its
+	// read loop to move.
+	idle := func() { time.Sleep(60 * time.Millisecond) }
+
+	t.Run("requests", func(t *testing.T) {
+		c := ta.raw(t)
+		for range 5 {
+			c.ok(`{"op":"ping"}`)
+			idle()
+		}
+		c.ok(`{"op":"acquire","name":"handoff"}`)
+		idle()
+		_, err := c.nc.Write([]byte(strings.Repeat(`{"op":"ping"}`+"\n\n", 100)))
+		require.NoError(t, err)
+		for range 100 {
+			require.Equal(t, true, c.recv()["pong"])
+		}
+		idle()
+		assert.Equal(t, false, ta.raw(t).ok(`{"op":"acquire","name":"handoff"}`)["acquired"], "the lease stays with its connection")
+	})
+
+	t.Run("heartbeat", func(t *testing.T) {
+		c := ta.raw(t)
+		c.ok(`{"op":"hello","heartbeat_ms":300}`)
+		for range 3 {
+			idle()
+			c.ok(`{"op":"ping"}`)
+		}
+		last := time.Now()
+		c.requireClosed()
+		assert.GreaterOrEqual(t, time.Since(last), 280*time.Millisecond, "closed before the heartbeat ran out")
+	})
+
+	t.Run("line timeout", func(t *testing.T) {
+		c := ta.raw(t)
+		c.ok(`{"op":"ping"}`)
+		idle()
+		begun := time.Now()
+		c.nc.Write([]byte(`{"op":"pi`))
+		c.requireClosed()
+		assert.GreaterOrEqual(t, time.Since(begun), 280*time.Millisecond, "closed before the line timeout")
+	})
+}

@@ -42,7 +42,7 @@ func TestErrorCode(t *testing.T) {
 }
 
 func TestLineReader(t *testing.T) {
-	lr := newLineReader(strings.NewReader("a\r\n\nbb\n"+strings.Repeat("x", 100)+"\nlast"), 100)
+	lr := &lineReader{r: strings.NewReader("a\r\n\nbb\n" + strings.Repeat("x", 100) + "\nlast"), max: 100}
 	for _, want := range []string{"a", "", "bb", strings.Repeat("x", 100)} {
 		line, err := lr.readLine()
 		require.NoError(t, err)
@@ -55,7 +55,7 @@ func TestLineReader(t *testing.T) {
 // TestLineReaderBounded: a line with no newline never makes the reader
 // hold more than the limit.
 func TestLineReaderBounded(t *testing.T) {
-	lr := newLineReader(io.LimitReader(infinite{}, 10<<20), 64<<10)
+	lr := &lineReader{r: io.LimitReader(infinite{}, 10<<20), max: 64 << 10}
 	_, err := lr.readLine()
 	assert.ErrorIs(t, err, errLineTooLong)
 	assert.LessOrEqual(t, len(lr.buf), 64<<10+2)
@@ -64,7 +64,7 @@ func TestLineReaderBounded(t *testing.T) {
 // TestLineReaderShrinks: after a long line the buffer goes back to small.
 func TestLineReaderShrinks(t *testing.T) {
 	in := strings.Repeat("y", 60000) + "\n" + "short\n"
-	lr := newLineReader(strings.NewReader(in), 64<<10)
+	lr := &lineReader{r: strings.NewReader(in), max: 64 << 10}
 	_, err := lr.readLine()
 	require.NoError(t, err)
 	line, err := lr.readLine()
