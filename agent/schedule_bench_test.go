@@ -14,10 +14,10 @@ func BenchmarkSchedule(b *testing.B) {
 	s := schedule{origin: origin}
 	r := rand.New(rand.NewPCG(1, 2))
 	// In an agent, leases lie scattered among sessions, names and ids:
-	// here, among 1 KiB of other memory each.
+	// here, among 256 bytes of other memory each.
 	var other [][]byte
 	for range 100000 {
-		other = append(other, make([]byte, 1024))
+		other = append(other, make([]byte, 256))
 		s.push(&lease{nextRenew: origin.Add(time.Duration(r.Int64N(int64(5 * time.Second)))), index: -1})
 	}
 	now := origin

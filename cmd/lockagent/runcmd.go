@@ -128,7 +128,9 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(token, 10), "LOCKAGENT_LEASE="+leaseID, "LOCKAGENT_NAME="+name)
 	// The command must not outlive run: a run killed (SIGKILL, the OOM
 	// killer) closes its connection, the agent releases the lock, and a
-	// command still running would work without it. The kernel kills it.
+	// command still running would work without it. The kernel kills it
+	// when the thread that started it ends, which in Go is when the
+	// process does: run locks no goroutine to its thread.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("run %s: %w", argv[0], err)
