@@ -150,9 +150,18 @@ func agentHandover(a, b *agentProc, rounds int) ([]time.Duration, error) {
 		if _, err := waiter.nc.Write(fmt.Appendf(nil, `{"id":1,"op":"acquire","name":%q,"ttl_ms":15000,"wait_ms":10000}`+"\n", name)); err != nil {
 			return nil, err
 		}
-		// The waiter's request must have reached its agent and found the
-		// name held; a waiter arriving later would measure nothing.
-		time.Sleep(50 * time.Millisecond)
+		// The waiter must have asked and found the name held (its ticket
+		// queued in Redis); a waiter arriving later would measure nothing.
+		err = poll(10*time.Second, func() error {
+			resp, err := holder.roundTrip(fmt.Appendf(nil, `{"id":2,"op":"inspect","name":%q}`+"\n", name))
+			if err != nil || bytes.Contains(resp, []byte(`"queued":1`)) {
+				return err
+			}
+			return errors.New("the waiter is not queued")
+		})
+		if err != nil {
+			return nil, err
+		}
 		t0 := time.Now()
 		holder.close()
 		line, err := waiter.r.ReadSlice('\n')

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -656,6 +657,7 @@ func TestB10_EvictionPolicy(t *testing.T) {
 		err error
 	}
 	got := make(chan grab, 1)
+	var denied atomic.Int32
 	go func() {
 		for {
 			var l lease
@@ -664,10 +666,11 @@ func TestB10_EvictionPolicy(t *testing.T) {
 				got <- grab{l, time.Now(), err}
 				return
 			}
+			denied.Add(1)
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	time.Sleep(50 * time.Millisecond) // the contender is looping
+	eventually(t, callTimeout, "the contender is looping, denied", func() bool { return denied.Load() >= 2 })
 	evicted = time.Now()
 	require.EqualValues(t, 1, rc.Del(ctx, lockKey(old.Name)).Val())
 	var g grab
