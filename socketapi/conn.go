@@ -23,8 +23,10 @@ import (
 type conn struct {
 	srv  *Server
 	nc   *net.UnixConn
+	fd   int32 // nc's descriptor, for the idle poller; -1: unknown
 	peer agent.Peer
 	log  hclog.Logger
+	ctx  context.Context // the connection's own (see end)
 
 	// Owned by the read loop.
 	sess         *agent.Session
@@ -74,10 +76,14 @@ func (c *conn) serve(ctx context.Context, ended func()) {
 		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 	}
 	c.peer.Groups = groups
-	c.ended = ended
+	c.ctx, c.ended = ctx, ended
 	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
+	c.fd = -1
+	if rc, err := c.nc.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { c.fd = int32(fd) })
+	}
 	c.armHeartbeat()
-	go c.readLoop(ctx)
+	go c.readLoop()
 }
 
 // armHeartbeat starts the wait for the next request: it must come within
@@ -112,10 +118,11 @@ func (c *conn) setReadDeadline(t time.Time) {
 // runtime gives back only a half at a time at each garbage collection:
 // thousands of idle connections would each keep that much. So a read loop
 // that is waiting for a request Server.IdleHandoff after the first it
-// handled goes on in a new goroutine, which waits on the smallest stack,
-// and returns.
-func (c *conn) readLoop(ctx context.Context) {
-	var idle time.Time // when to hand off, once a request was handled
+// handled returns, and the connection waits without a goroutine (see
+// park).
+func (c *conn) readLoop() {
+	ctx := c.ctx
+	var idle time.Time // when to park, once a request was handled
 	for {
 		c.lineDeadline = time.Time{}
 		c.setReadDeadline(soonest(c.hbDeadline, idle))
@@ -123,7 +130,7 @@ func (c *conn) readLoop(ctx context.Context) {
 		if err != nil {
 			if c.idleTimeout(err, idle) {
 				c.lr.idle()
-				go c.readLoop(ctx)
+				c.park()
 				return
 			}
 			c.readFailed(err)
@@ -147,6 +154,37 @@ func (c *conn) readLoop(ctx context.Context) {
 		c.armHeartbeat()
 	}
 	c.finish()
+}
+
+// park hands the wait for the next request over to the server's idle
+// poller, which starts a new read loop when the peer writes or hangs up,
+// or the connection is closed. A connection with a heartbeat, whose
+// deadline the read loop keeps, or one the poller cannot take, goes on
+// waiting in a new goroutine, whose stack starts small again.
+func (c *conn) park() {
+	if c.hbDeadline.IsZero() && c.srv.idle != nil && c.fd >= 0 {
+		// Under c.mu, so that the socket is not closed meanwhile: it is
+		// unparked first (closeSocket).
+		c.mu.Lock()
+		parked := !c.closed && c.srv.idle.park(c.fd, c.readLoop)
+		c.mu.Unlock()
+		if parked {
+			return
+		}
+	}
+	go c.readLoop()
+}
+
+// closeSocket closes the socket; c.mu is held. A parked connection is
+// first taken out of the idle poller, before its descriptor can be
+// reused, and its read loop started: it finds the socket closed and
+// finishes the connection.
+func (c *conn) closeSocket() {
+	c.closed = true
+	if c.srv.idle != nil {
+		c.srv.idle.unpark(c.fd)
+	}
+	c.nc.Close()
 }
 
 // idleTimeout tells whether err is the end of the idle wait that ends at
@@ -229,8 +267,7 @@ func (c *conn) Close() {
 	defer c.mu.Unlock()
 	c.closing = true
 	if !c.writing && !c.closed {
-		c.closed = true
-		c.nc.Close()
+		c.closeSocket()
 	}
 }
 
@@ -260,8 +297,7 @@ func (c *conn) enqueue(line []byte, inline bool) {
 	// list of many sessions) still goes out to a reader that keeps up.
 	if c.outBytes > c.srv.MaxQueueBytes {
 		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
-		c.closed = true
-		c.nc.Close()
+		c.closeSocket()
 		c.mu.Unlock()
 		return
 	}
@@ -291,8 +327,7 @@ func (c *conn) drain() {
 		if len(c.out) == 0 || c.closed {
 			c.writing = false
 			if c.closing && !c.closed {
-				c.closed = true
-				c.nc.Close()
+				c.closeSocket()
 			}
 			c.mu.Unlock()
 			return
@@ -316,8 +351,7 @@ func (c *conn) drain() {
 		}
 		if err != nil {
 			c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
-			c.closed = true
-			c.nc.Close()
+			c.closeSocket()
 			c.out, c.outBytes = nil, 0
 			c.writing = false
 			c.mu.Unlock()

@@ -3,8 +3,9 @@
 // ends of it.
 //
 // The server side owns the listener, each connection's read loop and
-// single writer, framing limits, peer credentials and the mapping of
-// errors to wire codes. It drives the agent package and knows nothing of
+// single writer, the poller where idle connections wait without a
+// goroutine, framing limits, peer credentials and the mapping of errors
+// to wire codes. It drives the agent package and knows nothing of
 // how locks are stored.
 //
 // The client side, Client, is the Go client of the agent, for

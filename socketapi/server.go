@@ -28,10 +28,10 @@ type Server struct {
 	// byte has: a connection that starts a line and never ends it is
 	// closed. Default 10s.
 	LineTimeout time.Duration
-	// IdleHandoff is when, after the first request it handled, a
-	// connection's read loop goes on waiting in a fresh goroutine, whose
-	// stack is the smallest: so that thousands of idle connections do
-	// not each keep the stack their requests grew. Default 1s.
+	// IdleHandoff is how long, after the first request it handled, a
+	// connection waits for the next in a goroutine of its own: then it
+	// waits in the server's idle poller, without a goroutine, so that
+	// thousands of idle connections do not each keep a stack. Default 1s.
 	IdleHandoff time.Duration
 
 	// GroupsOf returns the groups of a uid, for ACL rules and admin
@@ -40,6 +40,7 @@ type Server struct {
 
 	groups  *groupCache
 	peerLog *peerLogger
+	idle    *idlePoller // nil if it could not be created
 }
 
 func (s *Server) setDefaults() {
@@ -86,6 +87,12 @@ const (
 // listener is closed (and its socket file removed) when Serve returns.
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.setDefaults()
+	if p, err := newIdlePoller(); err != nil {
+		s.Logger.Warn("idle connections will each keep a goroutine", "error", err)
+	} else {
+		s.idle = p
+		defer p.close()
+	}
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex

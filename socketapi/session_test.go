@@ -2,8 +2,10 @@ package socketapi_test
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -252,41 +254,101 @@ func TestHelloOverTheSessionCap(t *testing.T) {
 	r.requireClosed()
 }
 
-// TestIdleHandoff: a read loop that goes on in a fresh goroutine while
-// idle (Server.IdleHandoff, 20 ms here, after each connection's first
-// request) keeps the connection's heartbeat and line timeout, and loses no
-// request, alone or pipelined.
-func TestIdleHandoff(t *testing.T) {
+// TestIdleConnections: a connection that waits for a request
+// Server.IdleHandoff (20 ms here) after its first waits without a
+// goroutine, in the server's idle poller, and loses nothing: requests,
+// alone or pipelined, are answered; a hang-up releases its locks at once;
+// events and grants reach it; the agent closing it (a resumed session,
+// shutdown) finishes it. A connection with a heartbeat keeps a read loop,
+// and its heartbeat; a line begun keeps its timeout.
+func TestIdleConnections(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
 		o.server.IdleHandoff = 20 * time.Millisecond
 		o.server.LineTimeout = 300 * time.Millisecond
 	})
-	// idle leaves the connection without a request long enough for its
-	// read loop to move.
-	idle := func() { time.Sleep(60 * time.Millisecond) }
 
 	t.Run("requests", func(t *testing.T) {
 		c := ta.raw(t)
 		for range 5 {
 			c.ok(`{"op":"ping"}`)
-			idle()
+			requireReadLoops(t, 0)
 		}
-		c.ok(`{"op":"acquire","name":"handoff"}`)
-		idle()
+		c.ok(`{"op":"acquire","name":"idle/requests"}`)
+		requireReadLoops(t, 0)
 		_, err := c.nc.Write([]byte(strings.Repeat(`{"op":"ping"}`+"\n\n", 100)))
 		require.NoError(t, err)
 		for range 100 {
 			require.Equal(t, true, c.recv()["pong"])
 		}
-		idle()
-		assert.Equal(t, false, ta.raw(t).ok(`{"op":"acquire","name":"handoff"}`)["acquired"], "the lease stays with its connection")
+		requireReadLoops(t, 0)
+		assert.Equal(t, false, ta.raw(t).ok(`{"op":"acquire","name":"idle/requests"}`)["acquired"], "the lease stays with its connection")
+	})
+
+	t.Run("many", func(t *testing.T) {
+		var cs []*raw
+		for i := range 200 {
+			c := ta.raw(t)
+			c.ok(fmt.Sprintf(`{"op":"acquire","name":"idle/many/%d"}`, i))
+			cs = append(cs, c)
+		}
+		requireReadLoops(t, 0)
+		for i, c := range cs {
+			if i%2 == 0 {
+				c.nc.Close()
+			}
+		}
+		for i, c := range cs {
+			if i%2 == 1 {
+				c.ok(`{"op":"ping"}`)
+			}
+		}
+		o := ta.raw(t)
+		for i := range cs {
+			want := i%2 == 0 // the closed connections' locks are free
+			assert.Equal(t, want, o.ok(fmt.Sprintf(`{"op":"acquire","name":"idle/many/%d"}`, i))["acquired"], "idle/many/%d", i)
+		}
+		for i, c := range cs {
+			if i%2 == 1 {
+				c.nc.Close()
+			}
+		}
+	})
+
+	t.Run("hang-up", func(t *testing.T) {
+		c := ta.raw(t)
+		c.ok(`{"op":"acquire","name":"idle/hangup"}`)
+		w := ta.raw(t)
+		w.send(`{"id":1,"op":"acquire","name":"idle/hangup","wait_ms":5000}`)
+		requireReadLoops(t, 0)
+		c.nc.Close()
+		assert.Equal(t, true, w.recv()["acquired"], "the waiter is granted once the idle holder hangs up")
+	})
+
+	t.Run("grant while idle", func(t *testing.T) {
+		h, w := ta.raw(t), ta.raw(t)
+		m := h.ok(`{"op":"acquire","name":"idle/grant"}`)
+		w.send(`{"id":1,"op":"acquire","name":"idle/grant","wait_ms":5000}`)
+		requireReadLoops(t, 0)
+		h.ok(fmt.Sprintf(`{"op":"release","lease":%q}`, m["lease"]))
+		assert.Equal(t, true, w.recv()["acquired"])
+	})
+
+	t.Run("closed by the agent", func(t *testing.T) {
+		a := ta.raw(t)
+		h := a.ok(`{"op":"hello","session_ttl_ms":60000}`)
+		a.ok(`{"op":"acquire","name":"idle/resumed","scope":"session"}`)
+		requireReadLoops(t, 0)
+		b := ta.raw(t)
+		b.ok(fmt.Sprintf(`{"op":"hello","resume":{"session":%q,"token":%q}}`, h["session"], h["resume_token"]))
+		a.requireClosed()
+		assert.Equal(t, false, ta.raw(t).ok(`{"op":"acquire","name":"idle/resumed"}`)["acquired"], "the resumed session keeps its lease")
 	})
 
 	t.Run("heartbeat", func(t *testing.T) {
 		c := ta.raw(t)
 		c.ok(`{"op":"hello","heartbeat_ms":300}`)
 		for range 3 {
-			idle()
+			time.Sleep(60 * time.Millisecond) // past IdleHandoff, inside the heartbeat
 			c.ok(`{"op":"ping"}`)
 		}
 		last := time.Now()
@@ -297,10 +359,38 @@ func TestIdleHandoff(t *testing.T) {
 	t.Run("line timeout", func(t *testing.T) {
 		c := ta.raw(t)
 		c.ok(`{"op":"ping"}`)
-		idle()
+		requireReadLoops(t, 0)
 		begun := time.Now()
 		c.nc.Write([]byte(`{"op":"pi`))
 		c.requireClosed()
 		assert.GreaterOrEqual(t, time.Since(begun), 280*time.Millisecond, "closed before the line timeout")
 	})
+
+	t.Run("shutdown", func(t *testing.T) {
+		c := ta.raw(t)
+		c.ok(`{"op":"acquire","name":"idle/shutdown"}`)
+		requireReadLoops(t, 0)
+		ta.stop()
+		c.requireClosed()
+	})
+}
+
+// requireReadLoops waits until n goroutines of the test's agents are in a
+// connection's read loop: the others' connections wait in the idle poller.
+func requireReadLoops(t *testing.T, n int) {
+	t.Helper()
+	var got int
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		for {
+			k := runtime.Stack(buf, true)
+			if k < len(buf) {
+				buf = buf[:k]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		got = bytes.Count(buf, []byte("socketapi.(*conn).readLoop("))
+		return got == n
+	}, 5*time.Second, 5*time.Millisecond, "read loops: want %d", n)
 }
