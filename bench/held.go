@@ -204,19 +204,29 @@ func redislockHandover(rc *redis.Client, ttl time.Duration, rounds int) ([]time.
 }
 
 // sessionsRSS opens n sessions on a fresh agent, each holding one lease,
-// and returns the agent's resident memory once they are all granted, and
-// again after settle, once renewals have run a few times and the garbage
-// of the burst of acquisitions has been collected.
-func sessionsRSS(a *agentProc, n int, settle time.Duration) (granted, settled float64, err error) {
+// and returns the agent's resident memory once they are all granted, then
+// at each of the offsets after that (ascending): the runtime returns the
+// memory of the burst of acquisitions only after a garbage collection,
+// which an agent that allocates little may run only after its two minutes
+// without one.
+func sessionsRSS(a *agentProc, n int, offsets []time.Duration) ([]float64, error) {
 	closeAll, err := holdLeases(a.socket, "bench/rss", n, 1, 15*time.Second)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer closeAll()
-	if granted, err = rssMiB(a.cmd.Process.Pid); err != nil {
-		return 0, 0, err
+	granted := time.Now()
+	rss, err := rssMiB(a.cmd.Process.Pid)
+	if err != nil {
+		return nil, err
 	}
-	time.Sleep(settle)
-	settled, err = rssMiB(a.cmd.Process.Pid)
-	return granted, settled, err
+	out := []float64{rss}
+	for _, d := range offsets {
+		time.Sleep(time.Until(granted.Add(d)))
+		if rss, err = rssMiB(a.cmd.Process.Pid); err != nil {
+			return nil, err
+		}
+		out = append(out, rss)
+	}
+	return out, nil
 }
