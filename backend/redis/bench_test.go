@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,4 +44,42 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkPairLatency is one caller's acquire and release of a free name,
+// against two PINGs of the same client in the same run: what the backend
+// adds to the round trips, as a ratio (p50-ratio).
+func BenchmarkPairLatency(b *testing.B) {
+	srv := redistest.Start(b, redistest.Options{})
+	ctx := context.Background()
+	c := newClient(srv.Addr())
+	be, err := redis.Open(ctx, redis.Options{Client: c, KeyPrefix: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	pings := make([]time.Duration, 0, b.N)
+	pairs := make([]time.Duration, 0, b.N)
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		c.Ping(ctx)
+		c.Ping(ctx)
+		t1 := time.Now()
+		id := fmt.Sprintf("l%d", i)
+		if _, err := be.Acquire(ctx, backend.AcquireRequest{Name: "pair", LeaseID: id, TTL: 15 * time.Second, Deadline: time.Now().Add(10 * time.Second)}); err != nil {
+			b.Fatal(err)
+		}
+		if err := be.Release(ctx, backend.Lease{Name: "pair", LeaseID: id}); err != nil {
+			b.Fatal(err)
+		}
+		pings, pairs = append(pings, t1.Sub(t0)), append(pairs, time.Since(t1))
+	}
+	p50 := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Nanoseconds()) / 1000
+	}
+	ping, pair := p50(pings), p50(pairs)
+	b.ReportMetric(ping, "2ping-p50-µs")
+	b.ReportMetric(pair, "pair-p50-µs")
+	b.ReportMetric(pair/ping, "p50-ratio")
 }
