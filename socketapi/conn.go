@@ -23,7 +23,8 @@ import (
 type conn struct {
 	srv  *Server
 	nc   *net.UnixConn
-	fd   int32 // nc's descriptor, for the idle poller; -1: unknown
+	fd   int32       // nc's descriptor, for idle; -1: unknown
+	idle *idlePoller // where the connection waits while idle; nil: none
 	peer agent.Peer
 	log  hclog.Logger
 	ctx  context.Context // the connection's own (see end)
@@ -37,9 +38,9 @@ type conn struct {
 	readDeadline time.Time // the socket's
 	ended        func()    // called once the connection is over
 
-	// mu guards the output queue and the pending requests. It is never held
-	// while calling the agent, which calls Send and Close with its own lock
-	// held.
+	// mu guards the output queue and the pending requests, and orders
+	// parking against closing the socket. It is never held while calling
+	// the agent, which calls Send and Close with its own lock held.
 	mu       sync.Mutex
 	out      [][]byte
 	spare    [][]byte // the other of two queues that drain swaps
@@ -78,10 +79,6 @@ func (c *conn) serve(ctx context.Context, ended func()) {
 	c.peer.Groups = groups
 	c.ctx, c.ended = ctx, ended
 	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
-	c.fd = -1
-	if rc, err := c.nc.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { c.fd = int32(fd) })
-	}
 	c.armHeartbeat()
 	go c.readLoop()
 }
@@ -162,11 +159,11 @@ func (c *conn) readLoop() {
 // deadline the read loop keeps, or one the poller cannot take, goes on
 // waiting in a new goroutine, whose stack starts small again.
 func (c *conn) park() {
-	if c.hbDeadline.IsZero() && c.srv.idle != nil && c.fd >= 0 {
+	if c.hbDeadline.IsZero() && c.idle != nil && c.fd >= 0 {
 		// Under c.mu, so that the socket is not closed meanwhile: it is
 		// unparked first (closeSocket).
 		c.mu.Lock()
-		parked := !c.closed && c.srv.idle.park(c.fd, c.readLoop)
+		parked := !c.closed && c.idle.park(c.fd, c.readLoop)
 		c.mu.Unlock()
 		if parked {
 			return
@@ -181,8 +178,8 @@ func (c *conn) park() {
 // finishes the connection.
 func (c *conn) closeSocket() {
 	c.closed = true
-	if c.srv.idle != nil {
-		c.srv.idle.unpark(c.fd)
+	if c.idle != nil {
+		c.idle.unpark(c.fd)
 	}
 	c.nc.Close()
 }
@@ -351,7 +348,9 @@ func (c *conn) drain() {
 		}
 		if err != nil {
 			c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
-			c.closeSocket()
+			if !c.closed { // cut off meanwhile (enqueue)
+				c.closeSocket()
+			}
 			c.out, c.outBytes = nil, 0
 			c.writing = false
 			c.mu.Unlock()

@@ -40,7 +40,6 @@ type Server struct {
 
 	groups  *groupCache
 	peerLog *peerLogger
-	idle    *idlePoller // nil if it could not be created
 }
 
 func (s *Server) setDefaults() {
@@ -87,11 +86,11 @@ const (
 // listener is closed (and its socket file removed) when Serve returns.
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.setDefaults()
-	if p, err := newIdlePoller(); err != nil {
+	idle, err := newIdlePoller()
+	if err != nil {
 		s.Logger.Warn("idle connections will each keep a goroutine", "error", err)
 	} else {
-		s.idle = p
-		defer p.close()
+		defer idle.close()
 	}
 	var (
 		wg     sync.WaitGroup
@@ -102,7 +101,6 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 
-	var err error
 	var backoff time.Duration
 	for {
 		var nc *net.UnixConn
@@ -144,7 +142,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		// Requests end with their connection, not with the server's
 		// context: at shutdown the agent answers them itself.
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c := &conn{srv: s, nc: nc, log: s.Logger, end: cancel, peer: peer}
+		c := &conn{srv: s, nc: nc, fd: descriptor(nc), idle: idle, log: s.Logger, end: cancel, peer: peer}
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
@@ -170,6 +168,15 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	mu.Unlock()
 	wg.Wait()
 	return err
+}
+
+// descriptor is the socket's file descriptor, or -1.
+func descriptor(nc *net.UnixConn) int32 {
+	fd := int32(-1)
+	if rc, err := nc.SyscallConn(); err == nil {
+		rc.Control(func(d uintptr) { fd = int32(d) })
+	}
+	return fd
 }
 
 // refuse answers a connection beyond a cap with an error line and closes
