@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -80,8 +81,8 @@ func (c *lineConn) release(lease string) error {
 	return nil
 }
 
-// echoServer answers every line with itself: the floor of any protocol
-// spoken over a Unix socket on this machine.
+// echoServer serves a Unix-socket echo in this process: a line back for
+// every line, the least any server of a line protocol does.
 func echoServer(dir string) (path string, stop func(), err error) {
 	path = filepath.Join(dir, "echo.sock")
 	os.Remove(path)
@@ -89,26 +90,74 @@ func echoServer(dir string) (path string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadSlice('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(line); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go serveEcho(ln)
 	return path, func() { ln.Close() }, nil
+}
+
+// echoEnv makes the bench binary an echo server at the socket it names.
+const echoEnv = "LOCKAGENT_BENCH_ECHO"
+
+// echoProcess serves the same echo from another process (this binary
+// again, with echoEnv set): a round trip to it wakes another process, as
+// one to the agent does, where one to echoServer may stay in the
+// runtime's own scheduler.
+func echoProcess(dir string) (path string, stop func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	path = filepath.Join(dir, "echo-process.sock")
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), echoEnv+"="+path)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("start echo process: %w", err)
+	}
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	err = poll(10*time.Second, func() error {
+		c, err := dialLine(path)
+		if err == nil {
+			c.close()
+		}
+		return err
+	})
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("echo process: %w", err)
+	}
+	return path, stop, nil
+}
+
+// runEcho is the echo process's main: it serves until killed.
+func runEcho(path string) error {
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	serveEcho(ln)
+	return nil
+}
+
+// serveEcho echoes every connection of ln until ln is closed.
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadSlice('\n')
+				if err != nil {
+					return
+				}
+				if _, err := c.Write(line); err != nil {
+					return
+				}
+			}
+		}()
+	}
 }

@@ -27,6 +27,12 @@ import (
 )
 
 func main() {
+	if path := os.Getenv(echoEnv); path != "" {
+		if err := runEcho(path); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	var (
 		root     = flag.String("root", "..", "the lockagent repository to build the agent from")
 		agentBin = flag.String("agent", "", "a lockagent binary to run instead of building one from -root")
@@ -133,6 +139,11 @@ func (b *bench) pairs(t *table) error {
 		return err
 	}
 	defer stopEcho()
+	echoProc, stopEchoProc, err := echoProcess(b.dir)
+	if err != nil {
+		return err
+	}
+	defer stopEchoProc()
 	mem, err := startAgent(b.bin, b.dir, "memory", "")
 	if err != nil {
 		return err
@@ -150,6 +161,7 @@ func (b *bench) pairs(t *table) error {
 	for _, w := range []int{1, 64} {
 		rows = append(rows,
 			workload{"echo (Unix socket)", w, "round trip", func(w, n int) (result, error) { return echoRoundTrips(echo, w, n) }},
+			workload{"echo, another process", w, "round trip", func(w, n int) (result, error) { return echoRoundTrips(echoProc, w, n) }},
 			workload{"redis PING (go-redis)", w, "round trip", func(w, n int) (result, error) { return pingRoundTrips(rc, w, n) }},
 			workload{"lockagent, embedded", w, "pair", func(w, n int) (result, error) { return agentPairs(mem.socket, w, n) }},
 			workload{"lockagent, redis", w, "pair", func(w, n int) (result, error) { return agentPairs(red.socket, w, n) }},
