@@ -38,9 +38,10 @@ type lease struct {
 	// At validUntil the lease is lost unless a newer renewal succeeded.
 	validUntil time.Time
 	nextRenew  time.Time
-	renewing   bool // a renewal is in flight
-	atRisk     bool // the last renewal's outcome is unknown
-	index      int  // in Agent.sched; -1 when not there
+	renewing   bool    // a renewal is in flight
+	atRisk     bool    // the last renewal's outcome is unknown
+	bucket     *bucket // in Agent.sched, with index; nil when not there
+	index      int     // in bucket; -1 when not in Agent.sched
 }
 
 func (l *lease) public() Lease {
