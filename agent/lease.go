@@ -21,19 +21,18 @@ type Lease struct {
 	TTL   time.Duration
 }
 
-// lease is the agent's record of a grant. Every field after session is
-// guarded by Agent.mu.
+// lease is the agent's record of a grant. Its fields camp and granted, and
+// those of its renewals (validUntil to index), are guarded by Agent.mu.
+//
+// What every renewal reads and writes comes first, within 128 bytes: with
+// 100,000 leases scattered in memory, a renewal touches two cache lines of
+// its lease (the runtime puts a lease of 192 bytes at the start of one)
+// instead of three.
 type lease struct {
-	id      string
-	name    string
-	mode    backend.Mode
-	scope   Scope
-	token   uint64
-	ttl     time.Duration
-	meta    string
-	session *Session
-	camp    *campaign // the campaign whose term this lease is, or nil
-	granted time.Time
+	id   string
+	name string
+	mode backend.Mode
+	ttl  time.Duration
 
 	// validUntil is the local deadline: the send time of the last successful
 	// renewal (or of the acquire) + ttl - margin, on the monotonic clock.
@@ -44,6 +43,13 @@ type lease struct {
 	atRisk     bool    // the last renewal's outcome is unknown
 	bucket     *bucket // in Agent.sched, with index; nil when not there
 	index      int     // in bucket; -1 when not in Agent.sched
+
+	scope   Scope
+	token   uint64
+	meta    string
+	session *Session
+	camp    *campaign // the campaign whose term this lease is, or nil
+	granted time.Time
 }
 
 func (l *lease) public() Lease {
