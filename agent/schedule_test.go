@@ -139,3 +139,20 @@ func TestScheduleBucketsReused(t *testing.T) {
 	}
 	requirePlaces(t, &s, len(ls))
 }
+
+// TestScheduleKeepsFewEmptiedBuckets: a schedule emptied of leases due in
+// many buckets keeps maxFree of them for use again, not all.
+func TestScheduleKeepsFewEmptiedBuckets(t *testing.T) {
+	origin := time.Now()
+	s := schedule{origin: origin}
+	for i := range 3 * maxFree {
+		s.push(&lease{nextRenew: origin.Add(time.Duration(i) << tickShift), index: -1})
+	}
+	require.Len(t, s.buckets, 3*maxFree)
+	for s.len() > 1 {
+		s.remove(s.top())
+	}
+	s.top()
+	require.Len(t, s.buckets, 1)
+	require.Len(t, s.free, maxFree)
+}
