@@ -12,9 +12,9 @@ import (
 // 4 ms) each: a bucket is a slice of due times and leases in no order, so
 // that adding or removing a lease moves one entry and not a path through
 // the whole schedule. Only the earliest bucket is sorted, once when it
-// becomes the earliest (and again if an entry is added to it, or one
-// other than the earliest leaves it), latest first, so that taking the
-// earliest lease is taking its last entry. A min-heap of the buckets by
+// becomes the earliest (and again if an entry due after its earliest is
+// added, or one other than its earliest leaves), latest first, so that
+// taking the earliest lease is taking its last entry. A min-heap of the buckets by
 // tick finds the earliest; it holds one bucket per tick of due times in
 // use, not one per lease. Whoever changes what due returns calls fix.
 type schedule struct {
@@ -34,6 +34,7 @@ const tickShift = 22
 // 15 s empty a few hundred a second.
 const maxFree = 1024
 
+// bucket holds the leases due in one tick.
 type bucket struct {
 	tick   int64
 	e      []schedEntry
