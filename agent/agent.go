@@ -123,7 +123,7 @@ type Agent struct {
 	access atomic.Pointer[Access] // read without mu
 	audit  hclog.Logger
 
-	kick chan struct{} // wakes the scheduler when the heap's head changes
+	kick chan struct{} // wakes the scheduler when the schedule's head changes
 	wg   sync.WaitGroup
 	done chan struct{} // closed when Run has returned
 }

@@ -33,11 +33,17 @@ type faulty struct {
 	lastRenewOK  atomic.Int64 // when the last successful renewal was sent, in Unix ns
 	lostAnswer   atomic.Bool  // an acquire is applied, but its answer lost
 	failPrefix   atomic.Value // string: renewals of names with it fail
+
+	mu       sync.Mutex
+	failedAt []time.Time // when each renewal that failed with failRenew was sent
 }
 
 func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	f.renewCalls.Add(1)
 	if f.failRenew.Load() {
+		f.mu.Lock()
+		f.failedAt = append(f.failedAt, time.Now())
+		f.mu.Unlock()
 		errs := make([]error, len(reqs))
 		for i := range errs {
 			errs[i] = backend.ErrUnavailable
@@ -184,6 +190,33 @@ func TestLostAtLocalDeadline(t *testing.T) {
 
 		_, err := s.Check(context.Background(), l.ID)
 		assert.ErrorIs(t, err, agent.ErrNotHeld, "after lost the lease id is dead")
+	})
+}
+
+// TestFailedRenewalRetriedAtATenthOfTTL: while renewals fail, a lease's
+// renewal is tried again every tenth of its TTL, on time, although the
+// scheduler had planned to sleep longer (until the deadline, or for a
+// second), until its local deadline.
+func TestFailedRenewalRetriedAtATenthOfTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, c := openSession(t, a)
+		const ttl = 5 * time.Second
+		mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
+		time.Sleep(3 * time.Second) // a healthy renewal or two
+		f.failRenew.Store(true)
+		time.Sleep(2 * ttl)
+
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		require.Greater(t, len(f.failedAt), 5, "%v", f.failedAt)
+		for i := 1; i < len(f.failedAt); i++ {
+			assert.Equal(t, ttl/10, f.failedAt[i].Sub(f.failedAt[i-1]), "retry %d", i)
+		}
+		evs := c.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, agent.EventLost, evs[1].Kind)
 	})
 }
 

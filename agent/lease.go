@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/lockagent/lockagent/backend"
@@ -19,28 +21,35 @@ type Lease struct {
 	TTL   time.Duration
 }
 
-// lease is the agent's record of a grant. Every field after session is
-// guarded by Agent.mu.
+// lease is the agent's record of a grant. Its fields camp and granted, and
+// those of its renewals (validUntil to index), are guarded by Agent.mu.
+//
+// What every renewal reads and writes comes first, within 128 bytes: with
+// 100,000 leases scattered in memory, a renewal touches two cache lines of
+// its lease (the runtime puts a lease of 192 bytes at the start of one)
+// instead of three.
 type lease struct {
-	id      string
-	name    string
-	mode    backend.Mode
-	scope   Scope
-	token   uint64
-	ttl     time.Duration
-	meta    string
-	session *Session
-	camp    *campaign // the campaign whose term this lease is, or nil
-	granted time.Time
+	id   string
+	name string
+	mode backend.Mode
+	ttl  time.Duration
 
 	// validUntil is the local deadline: the send time of the last successful
 	// renewal (or of the acquire) + ttl - margin, on the monotonic clock.
 	// At validUntil the lease is lost unless a newer renewal succeeded.
 	validUntil time.Time
 	nextRenew  time.Time
-	renewing   bool // a renewal is in flight
-	atRisk     bool // the last renewal's outcome is unknown
-	index      int  // in Agent.sched; -1 when not there
+	renewing   bool    // a renewal is in flight
+	atRisk     bool    // the last renewal's outcome is unknown
+	bucket     *bucket // in Agent.sched, with index; nil when not there
+	index      int     // in bucket; -1 when not in Agent.sched
+
+	scope   Scope
+	token   uint64
+	meta    string
+	session *Session
+	camp    *campaign // the campaign whose term this lease is, or nil
+	granted time.Time
 }
 
 func (l *lease) public() Lease {
@@ -253,9 +262,20 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 	}
 }
 
+// renewRequests holds the slices of requests of renewals done, to be used
+// again: an agent renewing 100,000 leases would otherwise allocate them
+// anew 20,000 times a second.
+var renewRequests = sync.Pool{New: func() any { return new([]backend.RenewRequest) }}
+
 // renew sends one batch of renewals and applies the answers.
 func (a *Agent) renew(ctx context.Context, batch []*lease) {
-	reqs := make([]backend.RenewRequest, len(batch))
+	p := renewRequests.Get().(*[]backend.RenewRequest)
+	reqs := slices.Grow((*p)[:0], len(batch))[:len(batch)]
+	defer func() {
+		clear(reqs) // the strings they point to
+		*p = reqs
+		renewRequests.Put(p)
+	}()
 	sent := time.Now()
 	// Wait for an answer a sixth of the TTL at most, so that a renewal
 	// lost on a dead connection is tried again (at ttl/10) while the lease
@@ -287,6 +307,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 			}
 		}
 	}
+	wake := false
 	for i, l := range batch {
 		if l.index < 0 {
 			continue // released or lost meanwhile: out of the schedule
@@ -322,9 +343,15 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 			a.log.Debug("renewal failed", "name", l.name, "lease", l.id, "error", err)
 		}
 		a.reschedule(l)
+		wake = wake || l.due().Before(a.nextWake)
 	}
 	a.setDegraded(a.atRisk > 0)
-	a.kickScheduler()
+	if wake {
+		// A lease is due before the scheduler wakes anyway (a failed
+		// renewal retried at a tenth of its TTL, a short TTL); with many
+		// leases, a renewed one is seldom due that soon.
+		a.kickScheduler()
+	}
 }
 
 func earliest(t time.Time, more ...time.Time) time.Time {

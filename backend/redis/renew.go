@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -16,7 +18,9 @@ import (
 // for many leases spares Redis the cost of a script call per lease, which
 // is most of a renewal's; on Cluster, a call holds the leases of one hash
 // slot.
-var renewScript = goredis.NewScript(common + `
+var renewScript = goredis.NewScript(renewSource)
+
+const renewSource = common + `
 local function renew(X, R, T, id, mode, ttl)
   if mode == 'x' then
     -- The hot path, in two calls: X read as a holder (a key of another
@@ -52,7 +56,7 @@ for i = 1, #ARGV / 3 do
   out[i] = renew(KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i], ARGV[3*i-2], ARGV[3*i-1], tonumber(ARGV[3*i]))
 end
 return out
-`)
+`
 
 // renewHeldScript extends exclusive leases that still hold their names:
 // KEYS are their X keys, ARGV each one's lease id and ttl in ms in turn.
@@ -63,7 +67,9 @@ return out
 // renewals are most of an agent's steady load: one key and two arguments
 // per lease and no TIME cost Redis about a quarter less per lease than
 // renewScript.
-var renewHeldScript = goredis.NewScript(`
+var renewHeldScript = goredis.NewScript(renewHeldSource)
+
+const renewHeldSource = `
 local out = {}
 for i = 1, #KEYS do
   if redis.pcall('HGET', KEYS[i], 'o') == ARGV[2 * i - 1] then
@@ -74,7 +80,7 @@ for i = 1, #KEYS do
   end
 end
 return out
-`)
+`
 
 const (
 	// renewChunk bounds one pipeline, so that a large batch does not hold
@@ -92,21 +98,44 @@ const (
 // second round trip.
 func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	errs := make([]error, len(reqs))
+	sc := renewScratches.Get().(*renewScratch)
+	defer renewScratches.Put(sc)
 	for start := 0; start < len(reqs); start += renewChunk {
 		end := min(start+renewChunk, len(reqs))
-		b.renewChunk(ctx, reqs[start:end], errs[start:end])
+		b.renewChunk(ctx, sc, reqs[start:end], errs[start:end])
 	}
 	return errs
 }
 
-func (b *Backend) renewChunk(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
+// renewScratch holds the arguments of a chunk's commands, and is used
+// again for the next chunk and the next batch once their commands are
+// done: an agent renewing 100,000 leases would otherwise allocate them
+// anew 20,000 times a second, most of its garbage.
+type renewScratch struct {
+	args []any    // the commands' arguments, one after the other
+	keys []string // their keys, which args point to
+	ends []int    // where each key ends in the string of a command's keys
+	ttls []int64  // their ttls in ms, which args point to
+}
+
+var renewScratches = sync.Pool{New: func() any { return new(renewScratch) }}
+
+// reset empties sc for the next chunk, dropping what it points to.
+func (sc *renewScratch) reset() {
+	clear(sc.args)
+	clear(sc.keys)
+	sc.args, sc.keys, sc.ends, sc.ttls = sc.args[:0], sc.keys[:0], sc.ends[:0], sc.ttls[:0]
+}
+
+func (b *Backend) renewChunk(ctx context.Context, sc *renewScratch, reqs []backend.RenewRequest, errs []error) {
+	defer sc.reset()
 	all := make([]int, len(reqs))
 	for i := range all {
 		all[i] = i
 	}
-	missed := b.runRenewals(ctx, reqs, b.renewCalls(reqs, all, true), errs)
+	missed := b.runRenewals(ctx, sc, reqs, b.renewCalls(reqs, all, true), errs)
 	if len(missed) > 0 {
-		b.runRenewals(ctx, reqs, b.renewCalls(reqs, missed, false), errs)
+		b.runRenewals(ctx, sc, reqs, b.renewCalls(reqs, missed, false), errs)
 	}
 }
 
@@ -148,8 +177,8 @@ func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) 
 // runRenewals sends calls in one pipeline, loading the scripts and
 // sending again if the server lost them, sets the errors of their leases
 // and returns the exclusive leases that renewHeldScript did not renew.
-func (b *Backend) runRenewals(ctx context.Context, reqs []backend.RenewRequest, calls []renewCall, errs []error) (missed []int) {
-	cmds := b.sendRenewals(ctx, reqs, calls, false)
+func (b *Backend) runRenewals(ctx context.Context, sc *renewScratch, reqs []backend.RenewRequest, calls []renewCall, errs []error) (missed []int) {
+	cmds := b.sendRenewals(ctx, sc, reqs, calls, false)
 	var again []renewCall
 	for j, c := range cmds {
 		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
@@ -171,7 +200,7 @@ func (b *Backend) runRenewals(ctx context.Context, reqs []backend.RenewRequest, 
 		}
 		return missed
 	}
-	for j, c := range b.sendRenewals(ctx, reqs, again, true) {
+	for j, c := range b.sendRenewals(ctx, sc, reqs, again, true) {
 		missed = b.renewResults(reqs, again[j], c, errs, missed)
 	}
 	return missed
@@ -179,39 +208,79 @@ func (b *Backend) runRenewals(ctx context.Context, reqs []backend.RenewRequest, 
 
 // sendRenewals sends calls in one pipeline, by EVALSHA or, with eval, by
 // EVAL, and returns their commands, each with its own reply or error.
-func (b *Backend) sendRenewals(ctx context.Context, reqs []backend.RenewRequest, calls []renewCall, eval bool) []*goredis.Cmd {
+func (b *Backend) sendRenewals(ctx context.Context, sc *renewScratch, reqs []backend.RenewRequest, calls []renewCall, eval bool) []*goredis.Cmd {
 	cmds := make([]*goredis.Cmd, len(calls))
 	p := b.c.Pipeline()
 	for j, call := range calls {
-		script := renewScript
-		var keys []string
-		var args []any
-		if call.held {
-			script = renewHeldScript
-			keys = make([]string, 0, len(call.idx))
-			args = make([]any, 0, 2*len(call.idx))
-			for _, i := range call.idx {
-				keys = append(keys, b.holderKey(reqs[i].Name))
-				args = append(args, reqs[i].LeaseID, reqs[i].TTL.Milliseconds())
-			}
-		} else {
-			keys = make([]string, 0, 3*len(call.idx))
-			args = make([]any, 0, 3*len(call.idx))
-			for _, i := range call.idx {
-				r := reqs[i]
-				x := b.holderKey(r.Name)
-				keys = append(keys, x, x+":r", x+":t")
-				args = append(args, r.LeaseID, modeArg(r.Mode), r.TTL.Milliseconds())
-			}
-		}
-		if eval {
-			cmds[j] = script.Eval(ctx, p, keys, args...)
-		} else {
-			cmds[j] = script.EvalSha(ctx, p, keys, args...)
-		}
+		cmds[j] = p.Do(ctx, b.renewCommand(sc, reqs, call, eval)...)
 	}
 	p.Exec(ctx) // each command carries its own error
 	return cmds
+}
+
+// renewCommand is the EVALSHA (with eval, the EVAL) of call, as the one
+// slice of arguments go-redis sends as it is, in sc: renewHeldScript's, or
+// renewScript's. Its keys are slices of one string, and its strings and
+// numbers go as pointers (into sc and reqs), which go-redis writes as
+// their values: a string or a number in an interface would cost an
+// allocation per lease.
+func (b *Backend) renewCommand(sc *renewScratch, reqs []backend.RenewRequest, call renewCall, eval bool) []any {
+	script, src := renewScript, renewSource
+	suffixes := []string{"", ":r", ":t"} // keys X, R, T
+	if call.held {
+		script, src = renewHeldScript, renewHeldSource
+		suffixes = suffixes[:1] // key X
+	}
+	nk := len(suffixes) * len(call.idx)
+	size := 0
+	for _, i := range call.idx {
+		size += len(suffixes) * (len(b.prefix) + len(reqs[i].Name) + 8)
+	}
+	var all strings.Builder
+	all.Grow(size)
+	sc.ends = sc.ends[:0]
+	for _, i := range call.idx {
+		tag := b.tag(reqs[i].Name)
+		for _, suffix := range suffixes {
+			// As holderKey, then its R and T.
+			all.WriteString(b.prefix)
+			all.WriteString(":lk:{")
+			all.WriteString(tag)
+			all.WriteString("}")
+			all.WriteString(suffix)
+			sc.ends = append(sc.ends, all.Len())
+		}
+	}
+	// Where sc's slices grow, the pointers already taken keep pointing
+	// into their former arrays, which stay as they were.
+	start := len(sc.args)
+	if eval {
+		sc.args = append(sc.args, "eval", src, nk)
+	} else {
+		sc.args = append(sc.args, "evalsha", script.Hash(), nk)
+	}
+	keys, from := all.String(), 0
+	for _, end := range sc.ends {
+		sc.keys = append(sc.keys, keys[from:end])
+		sc.args = append(sc.args, &sc.keys[len(sc.keys)-1])
+		from = end
+	}
+	// Per lease, the arguments are its id and ttl (renewHeldScript), or
+	// its id, mode and ttl (renewScript).
+	for _, i := range call.idx {
+		r := &reqs[i]
+		sc.ttls = append(sc.ttls, r.TTL.Milliseconds())
+		ttl := &sc.ttls[len(sc.ttls)-1]
+		switch {
+		case call.held:
+			sc.args = append(sc.args, &r.LeaseID, ttl)
+		case r.Mode == backend.Shared:
+			sc.args = append(sc.args, &r.LeaseID, "s", ttl)
+		default:
+			sc.args = append(sc.args, &r.LeaseID, "x", ttl)
+		}
+	}
+	return sc.args[start:len(sc.args):len(sc.args)]
 }
 
 // renewResults sets the errors of a call's leases from its reply, and

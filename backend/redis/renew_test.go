@@ -1,0 +1,58 @@
+package redis
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
+// TestRenewCommand: a renewal call's command, whose keys are slices of
+// one string and whose strings and numbers go as pointers into a scratch
+// used again, holds each lease's keys (as holderKey builds them, braces in
+// names too) and arguments in the order of the scripts.
+func TestRenewCommand(t *testing.T) {
+	b := &Backend{prefix: "pfx"}
+	reqs := []backend.RenewRequest{
+		{Lease: backend.Lease{Name: "a", LeaseID: "id-a", Mode: backend.Exclusive}, TTL: 15 * time.Second},
+		{Lease: backend.Lease{Name: "b{c}", LeaseID: "id-b", Mode: backend.Shared}, TTL: 2500 * time.Millisecond},
+		{Lease: backend.Lease{Name: "d", LeaseID: "id-d", Mode: backend.Exclusive}, TTL: time.Second},
+	}
+	values := func(cmd []any) []any {
+		out := make([]any, len(cmd))
+		for i, v := range cmd {
+			switch v := v.(type) {
+			case *string:
+				out[i] = *v
+			case *int64:
+				out[i] = *v
+			default:
+				out[i] = v
+			}
+		}
+		return out
+	}
+	xb := b.holderKey("b{c}")
+	sc := new(renewScratch)
+	// Both commands of one pipeline, built in the same scratch, hold
+	// their own arguments.
+	held := b.renewCommand(sc, reqs, renewCall{held: true, idx: []int{0, 2}}, false)
+	other := b.renewCommand(sc, reqs, renewCall{idx: []int{0, 1}}, true)
+	assert.Equal(t, []any{
+		"evalsha", renewHeldScript.Hash(), 2,
+		"pfx:lk:{a}", "pfx:lk:{d}",
+		"id-a", int64(15000), "id-d", int64(1000),
+	}, values(held))
+	assert.Equal(t, []any{
+		"eval", renewSource, 6,
+		"pfx:lk:{a}", "pfx:lk:{a}:r", "pfx:lk:{a}:t", xb, xb + ":r", xb + ":t",
+		"id-a", "x", int64(15000), "id-b", "s", int64(2500),
+	}, values(other))
+	sc.reset()
+	assert.Empty(t, sc.args)
+	assert.Empty(t, sc.keys)
+	assert.Empty(t, sc.ttls)
+	assert.Nil(t, sc.args[:cap(sc.args)][0], "a used scratch keeps no pointers")
+}
