@@ -86,12 +86,19 @@ type bench struct {
 	redis    *redisServer
 }
 
-func (b *bench) run(root string, sections map[string]bool) error {
+func (b *bench) run(root string, sections map[string]bool) (err error) {
 	dir, err := os.MkdirTemp("", "lockagent-bench")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	// A failed run keeps its directory: the agents' and Redis's logs.
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w (logs kept in %s)", err, dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	}()
 	b.dir = dir
 	if b.bin == "" {
 		if b.bin, err = buildAgent(root, dir); err != nil {
