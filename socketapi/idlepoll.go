@@ -3,8 +3,10 @@ package socketapi
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // idlePoller waits for the server's idle connections with one goroutine.
@@ -17,15 +19,33 @@ import (
 //
 // The socket stays in Go's own poller as well; the read loop that starts
 // reads it as any other.
+//
+// The goroutines that end when their connections park leave their stacks
+// free in the heap: after a burst of requests on many connections, tens
+// of megabytes (a request's stack grows to 8 KiB), which the runtime
+// returns to the system only after its next collection, and an agent that
+// allocates little may run that only two minutes later. So once
+// freeAfterParks connections have parked, and then none for freeDelay,
+// the poller has the runtime collect and return its free memory (free).
 type idlePoller struct {
 	epfd     int
 	stopPipe [2]int // a pipe whose read end, when readable, stops run
 	done     chan struct{}
+	free     func() // returns free memory to the system
 
-	mu     sync.Mutex
-	parked map[int32]func() // each parked socket's read function, by descriptor
-	closed bool
+	mu        sync.Mutex
+	parked    map[int32]func() // each parked socket's read function, by descriptor
+	closed    bool
+	parks     int         // since free last ran
+	freeTimer *time.Timer // runs free once parking pauses
+	freeing   sync.WaitGroup
 }
+
+// A burst of parks after which free runs, and the pause after it.
+const (
+	freeAfterParks = 1000
+	freeDelay      = time.Second
+)
 
 // newIdlePoller creates the epoll set and starts its goroutine.
 func newIdlePoller() (*idlePoller, error) {
@@ -33,7 +53,7 @@ func newIdlePoller() (*idlePoller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	p := &idlePoller{epfd: epfd, done: make(chan struct{}), parked: make(map[int32]func())}
+	p := &idlePoller{epfd: epfd, done: make(chan struct{}), free: debug.FreeOSMemory, parked: make(map[int32]func())}
 	if err := syscall.Pipe2(p.stopPipe[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
 		syscall.Close(epfd)
 		return nil, fmt.Errorf("pipe2: %w", err)
@@ -63,7 +83,27 @@ func (p *idlePoller) park(fd int32, read func()) bool {
 		return false
 	}
 	p.parked[fd] = read
+	if p.parks++; p.parks >= freeAfterParks {
+		if p.freeTimer == nil {
+			p.freeTimer = time.AfterFunc(freeDelay, p.freeMemory)
+		} else if p.freeTimer.Reset(freeDelay) {
+			return true
+		}
+		p.freeing.Add(1) // a new run of freeMemory is due
+	}
 	return true
+}
+
+// freeMemory runs free after a burst of parks.
+func (p *idlePoller) freeMemory() {
+	defer p.freeing.Done()
+	p.mu.Lock()
+	p.parks = 0
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed {
+		p.free()
+	}
 }
 
 // unpark takes fd out, if it is parked, and runs its read function, which
@@ -133,6 +173,12 @@ func (p *idlePoller) stop() {
 // connections have all finished) and releases its descriptors.
 func (p *idlePoller) close() {
 	p.stop()
+	p.mu.Lock()
+	if p.freeTimer != nil && p.freeTimer.Stop() {
+		p.freeing.Done() // the run due will not happen
+	}
+	p.mu.Unlock()
+	p.freeing.Wait()
 	syscall.Write(p.stopPipe[1], []byte{0})
 	<-p.done
 	p.closeFDs()

@@ -1,0 +1,60 @@
+package socketapi
+
+import (
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestIdlePollerFreesAfterABurst: free runs once freeAfterParks sockets
+// have parked and then none for freeDelay; not for fewer parks, not while
+// parking goes on, and not after close.
+func TestIdlePollerFreesAfterABurst(t *testing.T) {
+	p, err := newIdlePoller()
+	require.NoError(t, err)
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	synctest.Test(t, func(t *testing.T) {
+		var frees atomic.Int32
+		p.free = func() { frees.Add(1) }
+		park := func(n int) {
+			for range n {
+				require.True(t, p.park(int32(fds[0]), func() {}))
+				p.unpark(int32(fds[0]))
+			}
+		}
+		park(freeAfterParks - 1)
+		time.Sleep(10 * freeDelay)
+		synctest.Wait()
+		assert.Zero(t, frees.Load(), "fewer parks than a burst")
+
+		park(1)
+		time.Sleep(freeDelay / 2)
+		park(1)
+		time.Sleep(freeDelay - time.Millisecond)
+		synctest.Wait()
+		assert.Zero(t, frees.Load(), "parking went on")
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, int32(1), frees.Load(), "a pause after the burst")
+
+		park(freeAfterParks - 1)
+		time.Sleep(10 * freeDelay)
+		synctest.Wait()
+		assert.Equal(t, int32(1), frees.Load(), "parks count again from zero")
+
+		park(1)
+		p.close()
+		time.Sleep(10 * freeDelay)
+		synctest.Wait()
+		assert.Equal(t, int32(1), frees.Load(), "closed before the pause ended")
+		assert.False(t, p.park(int32(fds[0]), func() {}), "closed")
+	})
+}
