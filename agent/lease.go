@@ -39,10 +39,9 @@ type lease struct {
 	// At validUntil the lease is lost unless a newer renewal succeeded.
 	validUntil time.Time
 	nextRenew  time.Time
-	renewing   bool    // a renewal is in flight
-	atRisk     bool    // the last renewal's outcome is unknown
-	bucket     *bucket // in Agent.sched, with index; nil when not there
-	index      int     // in bucket; -1 when not in Agent.sched
+	renewing   bool // a renewal is in flight
+	atRisk     bool // the last renewal's outcome is unknown
+	index      int  // in Agent.sched; -1 when not there
 
 	scope   Scope
 	token   uint64
