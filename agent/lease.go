@@ -238,18 +238,26 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		}
 		a.nextWake = now.Add(wait)
 		a.wakeBy.Store(int64(a.nextWake.Sub(a.started)))
-		a.mu.Unlock()
-
 		// Leases at risk have near deadlines, and their batch is bounded
 		// by them: they go apart, so as not to cut the others' short.
+		type renewal struct {
+			batch    []*lease
+			deadline time.Time
+		}
+		var renewals []renewal
 		for _, batch := range [][]*lease{healthy, atRisk} {
 			if len(batch) > 0 {
-				a.wg.Add(1)
-				go func() {
-					defer a.wg.Done()
-					a.renew(ctx, batch)
-				}()
+				renewals = append(renewals, renewal{batch, renewDeadline(batch, now)})
 			}
+		}
+		a.mu.Unlock()
+
+		for _, r := range renewals {
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				a.renew(ctx, r.batch, r.deadline)
+			}()
 		}
 		timer.Reset(wait)
 		select {
@@ -267,7 +275,20 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 var renewRequests = sync.Pool{New: func() any { return new([]backend.RenewRequest) }}
 
 // renew sends one batch of renewals and applies the answers.
-func (a *Agent) renew(ctx context.Context, batch []*lease) {
+// renewDeadline bounds the wait for a batch's answer: a sixth of the TTL
+// at most, so that a renewal lost on a dead connection is tried again (at
+// ttl/10) while the lease is still valid; and never past the earliest
+// local deadline, when the answer would come too late to count. a.mu is
+// held: resumed moves the local deadlines.
+func renewDeadline(batch []*lease, now time.Time) time.Time {
+	deadline := batch[0].validUntil
+	for _, l := range batch {
+		deadline = earliest(deadline, l.validUntil, now.Add(l.ttl/6))
+	}
+	return deadline
+}
+
+func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 	p := renewRequests.Get().(*[]backend.RenewRequest)
 	reqs := slices.Grow((*p)[:0], len(batch))[:len(batch)]
 	defer func() {
@@ -276,15 +297,9 @@ func (a *Agent) renew(ctx context.Context, batch []*lease) {
 		renewRequests.Put(p)
 	}()
 	sent := time.Now()
-	// Wait for an answer a sixth of the TTL at most, so that a renewal
-	// lost on a dead connection is tried again (at ttl/10) while the lease
-	// is still valid; and never past the earliest local deadline, when the
-	// answer would come too late to count.
-	deadline := batch[0].validUntil
 	for i, l := range batch {
-		// Only the scheduler writes these fields while renewing is set.
+		// Fields set when the lease is granted, and never changed.
 		reqs[i] = backend.RenewRequest{Lease: backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
-		deadline = earliest(deadline, l.validUntil, sent.Add(l.ttl/6))
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	errs := a.b.Renew(rctx, reqs)

@@ -149,6 +149,8 @@ type Backend interface {
 	// ErrNotHeld when the lease is gone (authoritative: it will never be
 	// renewed again; ErrTakenOver when the backend can tell that another
 	// lease holds the name), anything else when the outcome is unknown.
+	// The caller uses reqs again once Renew returns: Renew keeps neither
+	// it nor pointers into it.
 	Renew(ctx context.Context, reqs []RenewRequest) []error
 	// Release ends a lease. ErrNotHeld when that lease id does not hold it.
 	Release(ctx context.Context, l Lease) error
