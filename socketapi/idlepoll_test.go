@@ -13,7 +13,7 @@ import (
 
 // TestIdlePollerFreesAfterABurst: free runs once freeAfterParks sockets
 // have parked and then none for freeDelay; not for fewer parks, not while
-// parking goes on, and not after close.
+// parking goes on, not twice within freeEvery, and not after close.
 func TestIdlePollerFreesAfterABurst(t *testing.T) {
 	p, err := newIdlePoller()
 	require.NoError(t, err)
@@ -50,11 +50,19 @@ func TestIdlePollerFreesAfterABurst(t *testing.T) {
 		synctest.Wait()
 		assert.Equal(t, int32(1), frees.Load(), "parks count again from zero")
 
-		park(1)
+		park(1) // a burst 11 s after the last run
+		time.Sleep(freeEvery - 12*freeDelay)
+		synctest.Wait()
+		assert.Equal(t, int32(1), frees.Load(), "within a minute of the last run")
+		time.Sleep(2 * freeDelay)
+		synctest.Wait()
+		assert.Equal(t, int32(2), frees.Load(), "a minute after the last run")
+
+		park(freeAfterParks)
 		p.close()
 		time.Sleep(10 * freeDelay)
 		synctest.Wait()
-		assert.Equal(t, int32(1), frees.Load(), "closed before the pause ended")
+		assert.Equal(t, int32(2), frees.Load(), "closed before the pause ended")
 		assert.False(t, p.park(int32(fds[0]), func() {}), "closed")
 	})
 }
