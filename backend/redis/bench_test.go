@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/backend/redis"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
@@ -22,10 +21,7 @@ import (
 func BenchmarkAcquireRelease(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
 	ctx := context.Background()
-	be, err := redis.Open(ctx, redis.Options{Client: newClient(srv.Addr()), KeyPrefix: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	be := open(b, newClient(srv.Addr()), "bench")
 	defer be.Close()
 	var n atomic.Int64
 	b.ReportAllocs()
@@ -53,10 +49,7 @@ func BenchmarkPairLatency(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
 	ctx := context.Background()
 	c := newClient(srv.Addr())
-	be, err := redis.Open(ctx, redis.Options{Client: c, KeyPrefix: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	be := open(b, c, "bench")
 	defer be.Close()
 	pings := make([]time.Duration, 0, b.N)
 	pairs := make([]time.Duration, 0, b.N)

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func open(t *testing.T, c goredis.UniversalClient, prefix string) *redis.Backend {
+func open(t testing.TB, c goredis.UniversalClient, prefix string) *redis.Backend {
 	t.Helper()
 	b, err := redis.Open(context.Background(), redis.Options{Client: c, KeyPrefix: prefix})
 	require.NoError(t, err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/backend/redis"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
@@ -19,10 +18,7 @@ import (
 func BenchmarkRenew(b *testing.B) {
 	srv := redistest.Start(b, redistest.Options{})
 	ctx := context.Background()
-	be, err := redis.Open(ctx, redis.Options{Client: newClient(srv.Addr()), KeyPrefix: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	be := open(b, newClient(srv.Addr()), "bench")
 	defer be.Close()
 	const batch = 1000
 	reqs := make([]backend.RenewRequest, batch)
