@@ -104,7 +104,7 @@ type waiter struct {
 	since  time.Time
 	queued bool          // in the name's queue (a waiting acquire, not a try)
 	ticket string        // its place in the backend's queue, when queued
-	wake   chan struct{} // a value when the queue ahead changed
+	wake   chan struct{} // a value when the queue ahead changed; nil for a try
 
 	// Guarded by Agent.mu.
 	asked   bool // it has asked the backend: its ticket may be queued there
@@ -164,17 +164,19 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireR
 	if err := a.allow(s.peer, req.Name, req.Mode); err != nil {
 		return AcquireResult{}, err
 	}
-	return s.acquire(ctx, req, nil)
+	return s.acquire(ctx, req, nil, start)
 }
 
-// acquire runs a validated and allowed acquire, for the session itself or
-// for one of its campaigns (camp), whose place the session's limit already
-// counts.
-func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign) (AcquireResult, error) {
+// acquire runs a validated and allowed acquire, asked for at since, for
+// the session itself or for one of its campaigns (camp), whose place the
+// session's limit already counts.
+func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign, since time.Time) (AcquireResult, error) {
 	a := s.a
-	w := &waiter{s: s, req: req, camp: camp, since: time.Now(), queued: req.Wait != 0, wake: make(chan struct{}, 1)}
+	w := &waiter{s: s, req: req, camp: camp, since: since, queued: req.Wait != 0}
 	if w.queued {
+		// Only a queued waiter is woken: a try's signals go nowhere.
 		w.ticket = newID("q_")
+		w.wake = make(chan struct{}, 1)
 	}
 
 	a.mu.Lock()

@@ -116,7 +116,7 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 	defer a.wg.Done()
 	defer close(c.done)
 	for {
-		_, err := c.s.acquire(ctx, c.req, c)
+		_, err := c.s.acquire(ctx, c.req, c, time.Now())
 		switch {
 		case ctx.Err() != nil, errors.Is(err, ErrShuttingDown), errors.Is(err, ErrSessionEnded):
 			return

@@ -168,12 +168,14 @@ func (s *Session) LoseOverdue() {
 	// The scheduler wakes no later than the earliest due time, which is
 	// at or before every local deadline: while it is not late, no deadline
 	// has passed, and the agent's lock is not needed to know it.
-	now := time.Now()
-	if now.Sub(a.started) < time.Duration(a.wakeBy.Load()) {
+	// time.Since reads only the monotonic clock: half the cost of Now,
+	// on the path of every request.
+	if time.Since(a.started) < time.Duration(a.wakeBy.Load()) {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	if a.sched.len() == 0 || a.sched.next().After(now) {
 		return
 	}

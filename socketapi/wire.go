@@ -257,7 +257,12 @@ type fieldsAppender interface {
 
 // encodeOK builds {"id":ID,"ok":true,...result}.
 func encodeOK(id json.RawMessage, result any) []byte {
-	b := make([]byte, 0, 160)
+	size := 64 + len(id)
+	if g, ok := result.(grantedResult); ok {
+		// A grant's line, its strings unescaped: one allocation.
+		size += 128 + len(g.Lease) + len(g.Name)
+	}
+	b := make([]byte, 0, size)
 	b = append(b, `{"id":`...)
 	b = append(b, id...)
 	b = append(b, `,"ok":true`...)
