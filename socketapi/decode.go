@@ -26,7 +26,7 @@ var errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object pe
 // two values wins, so the agent does not guess). req.ID is set whenever
 // the line is an object, so that errors can echo it.
 func decodeRequest(line []byte, req *request) *decodeError {
-	if !json.Valid(line) {
+	if !validJSON(line) {
 		return errNotObject
 	}
 	i := skipSpace(line, 0)
@@ -169,7 +169,7 @@ func unquote(lit []byte) []byte {
 		return inner
 	}
 	var s string
-	json.Unmarshal(lit, &s) // valid: checked by json.Valid
+	json.Unmarshal(lit, &s) // valid: checked by validJSON
 	return []byte(s)
 }
 
