@@ -34,6 +34,22 @@ type Metrics struct {
 	renewFailed  prometheus.Counter
 	lost         *prometheus.CounterVec
 	backendErrs  *prometheus.CounterVec
+
+	// acquired holds the children of acquisitions and acquireWait for
+	// every mode and result, made by New and read only after: the
+	// vectors' own lookups hash the labels and take a lock, on the path
+	// of every acquire.
+	acquired map[acquiredKey]acquiredMetrics
+}
+
+type acquiredKey struct {
+	mode   backend.Mode
+	result string
+}
+
+type acquiredMetrics struct {
+	count prometheus.Counter
+	wait  prometheus.Observer
 }
 
 var _ agent.Observer = (*Metrics)(nil)
@@ -81,6 +97,16 @@ func New() *Metrics {
 	for _, op := range []string{"acquire", "renew", "release"} {
 		m.backendErrs.WithLabelValues(op)
 	}
+	m.acquired = make(map[acquiredKey]acquiredMetrics)
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		for _, result := range []string{agent.ResultGranted, agent.ResultHeld, agent.ResultTimeout, agent.ResultCanceled,
+			agent.ResultPermissionDenied, agent.ResultLimitExceeded, agent.ResultError} {
+			m.acquired[acquiredKey{mode, result}] = acquiredMetrics{
+				count: m.acquisitions.WithLabelValues(mode.String(), result),
+				wait:  m.acquireWait.WithLabelValues(result),
+			}
+		}
+	}
 	m.reg.MustRegister(m.acquisitions, m.acquireWait, m.renewBatch, m.renewLatency, m.renewFailed, m.lost, m.backendErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -88,8 +114,12 @@ func New() *Metrics {
 
 // Acquired counts an acquire; part of agent.Observer.
 func (m *Metrics) Acquired(mode backend.Mode, result string, took time.Duration) {
-	m.acquisitions.WithLabelValues(mode.String(), result).Inc()
-	m.acquireWait.WithLabelValues(result).Observe(took.Seconds())
+	am, ok := m.acquired[acquiredKey{mode, result}]
+	if !ok {
+		am = acquiredMetrics{m.acquisitions.WithLabelValues(mode.String(), result), m.acquireWait.WithLabelValues(result)}
+	}
+	am.count.Inc()
+	am.wait.Observe(took.Seconds())
 }
 
 // Renewed records a batch of renewals; part of agent.Observer.

@@ -103,6 +103,8 @@ func TestMetricsAfterAWorkload(t *testing.T) {
 		`lockagent_waiters`:                                              1,
 		`lockagent_leases_lost_total{reason="broken"}`:                   1,
 		`lockagent_leases_lost_total{reason="expired"}`:                  0,
+		`lockagent_acquisitions_total{mode="shared",result="error"}`:     0,
+		`lockagent_acquire_wait_seconds_count{result="canceled"}`:        0,
 		`lockagent_backend_errors_total{op="renew"}`:                     0,
 		`lockagent_backend_degraded`:                                     0,
 		`lockagent_renewals_failed_total`:                                0,
