@@ -462,6 +462,16 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 	"resign":   (*conn).resign,
 }
 
+// opNames are the names of the ops, which a request's op is set to
+// rather than to a copy of its own.
+var opNames = func() map[string]string {
+	names := map[string]string{"hello": "hello"}
+	for name := range ops {
+		names[name] = name
+	}
+	return names
+}()
+
 func (c *conn) hello(req *request) (any, error) {
 	if req.Version != nil && *req.Version != 1 {
 		return nil, fmt.Errorf("%w: version must be 1", agent.ErrInvalidArgument)

@@ -87,33 +87,39 @@ func (req *request) set(key string, v []byte) *decodeError {
 	case "target":
 		req.Target = append(json.RawMessage(nil), v...)
 	case "op":
+		if v[0] == '"' {
+			if op, known := opNames[string(unquote(v))]; known {
+				req.Op = op // the name of a known op, not a copy
+				return nil
+			}
+		}
 		return setString(key, v, &req.Op)
 	case "client":
-		return setStringPtr(key, v, &req.Client)
+		return setStringPtr(key, v, &req.Client, &req.vals.client)
 	case "name":
-		return setStringPtr(key, v, &req.Name)
+		return setStringPtr(key, v, &req.Name, &req.vals.name)
 	case "mode":
-		return setStringPtr(key, v, &req.Mode)
+		return setStringPtr(key, v, &req.Mode, &req.vals.mode)
 	case "scope":
-		return setStringPtr(key, v, &req.Scope)
+		return setStringPtr(key, v, &req.Scope, &req.vals.scope)
 	case "meta":
-		return setStringPtr(key, v, &req.Meta)
+		return setStringPtr(key, v, &req.Meta, &req.vals.meta)
 	case "lease":
-		return setStringPtr(key, v, &req.Lease)
+		return setStringPtr(key, v, &req.Lease, &req.vals.lease)
 	case "campaign":
-		return setStringPtr(key, v, &req.Campaign)
+		return setStringPtr(key, v, &req.Campaign, &req.vals.campaign)
 	case "version":
-		return setInt(key, v, &req.Version)
+		return setInt(key, v, &req.Version, &req.vals.version)
 	case "session_ttl_ms":
-		return setInt(key, v, &req.SessionTTLMs)
+		return setInt(key, v, &req.SessionTTLMs, &req.vals.sessionTTLMs)
 	case "heartbeat_ms":
-		return setInt(key, v, &req.HeartbeatMs)
+		return setInt(key, v, &req.HeartbeatMs, &req.vals.heartbeatMs)
 	case "limit":
-		return setInt(key, v, &req.Limit)
+		return setInt(key, v, &req.Limit, &req.vals.limit)
 	case "ttl_ms":
-		return setInt(key, v, &req.TTLMs)
+		return setInt(key, v, &req.TTLMs, &req.vals.ttlMs)
 	case "wait_ms":
-		return setInt(key, v, &req.WaitMs)
+		return setInt(key, v, &req.WaitMs, &req.vals.waitMs)
 	case "all":
 		switch string(v) {
 		case "true", "false":
@@ -144,21 +150,23 @@ func setString(key string, v []byte, dst *string) *decodeError {
 	return nil
 }
 
-func setStringPtr(key string, v []byte, dst **string) *decodeError {
-	var s string
-	if err := setString(key, v, &s); err != nil {
+// setStringPtr decodes v into *val and points *dst to it.
+func setStringPtr(key string, v []byte, dst **string, val *string) *decodeError {
+	if err := setString(key, v, val); err != nil {
 		return err
 	}
-	*dst = &s
+	*dst = val
 	return nil
 }
 
-func setInt(key string, v []byte, dst **int64) *decodeError {
+// setInt decodes v into *val and points *dst to it.
+func setInt(key string, v []byte, dst **int64, val *int64) *decodeError {
 	n, err := strconv.ParseInt(string(v), 10, 64)
 	if err != nil {
 		return typeError(key, "integer in range")
 	}
-	*dst = &n
+	*val = n
+	*dst = val
 	return nil
 }
 

@@ -88,6 +88,13 @@ type request struct {
 
 	// resign
 	Campaign *string
+
+	// vals holds the values the pointers above point to, so that
+	// decoding a field allocates no more than its string.
+	vals struct {
+		client, name, mode, scope, meta, lease, campaign         string
+		version, sessionTTLMs, heartbeatMs, limit, ttlMs, waitMs int64
+	}
 }
 
 type resumeArgs struct {
