@@ -60,9 +60,9 @@ return out
 
 // renewHeldScript extends exclusive leases that still hold their names:
 // KEYS are their X keys, ARGV each one's lease id and ttl in ms in turn.
-// It returns, per lease, 1 renewed or 0 not (gone, taken over, or a key of
-// another type), and a lease not renewed goes to renewScript, which tells
-// gone from taken over. X is the lease's holder when its o is the lease
+// It returns the places (from 1) of the leases it did not renew (gone,
+// taken over, or a key of another type), most often none: a lease not
+// renewed goes to renewScript, which tells gone from taken over. X is the lease's holder when its o is the lease
 // id: lease ids are random, and only lockagent writes them. Exclusive
 // renewals are most of an agent's steady load: one key and two arguments
 // per lease and no TIME cost Redis about a quarter less per lease than
@@ -70,16 +70,15 @@ return out
 var renewHeldScript = goredis.NewScript(renewHeldSource)
 
 const renewHeldSource = `
-local out = {}
+local missed = {}
 for i = 1, #KEYS do
   if redis.pcall('HGET', KEYS[i], 'o') == ARGV[2 * i - 1] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
   else
-    out[i] = 0
+    missed[#missed + 1] = i
   end
 end
-return out
+return missed
 `
 
 const (
@@ -287,6 +286,9 @@ func (b *Backend) renewCommand(sc *renewScratch, reqs []backend.RenewRequest, ca
 // returns missed with the leases of a held call that it did not renew.
 func (b *Backend) renewResults(reqs []backend.RenewRequest, call renewCall, c *goredis.Cmd, errs []error, missed []int) []int {
 	vals, err := c.Int64Slice()
+	if err == nil && call.held {
+		return b.heldResults(reqs, call, vals, errs, missed)
+	}
 	if err == nil && len(vals) != len(call.idx) {
 		err = fmt.Errorf("renew: %d results for %d leases", len(vals), len(call.idx))
 	}
@@ -297,13 +299,32 @@ func (b *Backend) renewResults(reqs []backend.RenewRequest, call renewCall, c *g
 			errs[i] = b.fail("renew", r.Name, err)
 		case vals[j] == 1:
 			errs[i] = nil
-		case call.held:
-			missed = append(missed, i)
 		case vals[j] == 2:
 			errs[i] = fmt.Errorf("renew %q: %w", r.Name, backend.ErrTakenOver)
 		default:
 			errs[i] = fmt.Errorf("renew %q: %w", r.Name, backend.ErrNotHeld)
 		}
+	}
+	return missed
+}
+
+// heldResults reads a renewHeldScript call's reply, the places of the
+// leases it did not renew: the others are renewed.
+func (b *Backend) heldResults(reqs []backend.RenewRequest, call renewCall, places []int64, errs []error, missed []int) []int {
+	for _, p := range places {
+		if p < 1 || p > int64(len(call.idx)) {
+			err := fmt.Errorf("renew: lease %d of a call of %d", p, len(call.idx))
+			for _, i := range call.idx {
+				errs[i] = b.fail("renew", reqs[i].Name, err)
+			}
+			return missed
+		}
+	}
+	for _, i := range call.idx {
+		errs[i] = nil
+	}
+	for _, p := range places {
+		missed = append(missed, call.idx[p-1])
 	}
 	return missed
 }
