@@ -24,6 +24,7 @@ type conn struct {
 	srv  *Server
 	nc   *net.UnixConn
 	fd   int32       // nc's descriptor, for idle; -1: unknown
+	w    *lineWriter // nc's; only the one drain running uses it
 	idle *idlePoller // where the connection waits while idle; nil: none
 	peer agent.Peer
 	log  hclog.Logger
@@ -333,13 +334,11 @@ func (c *conn) drain() {
 		c.out, c.spare, c.outBytes = c.spare, nil, 0
 		c.mu.Unlock()
 
-		c.nc.SetWriteDeadline(time.Now().Add(c.srv.WriteTimeout))
 		var err error
 		if len(batch) == 1 {
-			_, err = c.nc.Write(batch[0])
+			err = c.w.write(batch[0])
 		} else {
-			bufs := net.Buffers(batch)
-			_, err = bufs.WriteTo(c.nc)
+			err = c.w.writeLines(batch)
 		}
 		c.mu.Lock()
 		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -142,7 +143,8 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		// Requests end with their connection, not with the server's
 		// context: at shutdown the agent answers them itself.
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c := &conn{srv: s, nc: nc, fd: descriptor(nc), idle: idle, log: s.Logger, end: cancel, peer: peer}
+		fd, raw := descriptor(nc)
+		c := &conn{srv: s, nc: nc, fd: fd, w: newLineWriter(nc, raw, s.WriteTimeout), idle: idle, log: s.Logger, end: cancel, peer: peer}
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
@@ -170,13 +172,16 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	return err
 }
 
-// descriptor is the socket's file descriptor, or -1.
-func descriptor(nc *net.UnixConn) int32 {
+// descriptor is the socket's file descriptor, or -1, and its raw
+// connection, or nil.
+func descriptor(nc *net.UnixConn) (int32, syscall.RawConn) {
 	fd := int32(-1)
-	if rc, err := nc.SyscallConn(); err == nil {
-		rc.Control(func(d uintptr) { fd = int32(d) })
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		return fd, nil
 	}
-	return fd
+	rc.Control(func(d uintptr) { fd = int32(d) })
+	return fd, rc
 }
 
 // refuse answers a connection beyond a cap with an error line and closes
