@@ -19,7 +19,6 @@ func TestRenewCommand(t *testing.T) {
 		{Lease: backend.Lease{Name: "a", LeaseID: "id-a", Mode: backend.Exclusive}, TTL: 15 * time.Second},
 		{Lease: backend.Lease{Name: "b{c}", LeaseID: "id-b", Mode: backend.Shared}, TTL: 2500 * time.Millisecond},
 		{Lease: backend.Lease{Name: "d", LeaseID: "id-d", Mode: backend.Exclusive}, TTL: time.Second},
-		{Lease: backend.Lease{Name: "e", LeaseID: "id-e", Mode: backend.Exclusive}, TTL: 15 * time.Second},
 	}
 	values := func(cmd []any) []any {
 		out := make([]any, len(cmd))
@@ -39,12 +38,12 @@ func TestRenewCommand(t *testing.T) {
 	sc := new(renewScratch)
 	// Both commands of one pipeline, built in the same scratch, hold
 	// their own arguments.
-	held := b.renewCommand(sc, reqs, renewCall{held: true, idx: []int{0, 3}}, false)
+	held := b.renewCommand(sc, reqs, renewCall{held: true, idx: []int{0, 2}}, false)
 	other := b.renewCommand(sc, reqs, renewCall{idx: []int{0, 1}}, true)
 	assert.Equal(t, []any{
 		"evalsha", renewHeldScript.Hash(), 2,
-		"pfx:lk:{a}", "pfx:lk:{e}",
-		int64(15000), "id-a", "id-e",
+		"pfx:lk:{a}", "pfx:lk:{d}",
+		"id-a", int64(15000), "id-d", int64(1000),
 	}, values(held))
 	assert.Equal(t, []any{
 		"eval", renewSource, 6,
@@ -56,24 +55,4 @@ func TestRenewCommand(t *testing.T) {
 	assert.Empty(t, sc.keys)
 	assert.Empty(t, sc.ttls)
 	assert.Nil(t, sc.args[:cap(sc.args)][0], "a used scratch keeps no pointers")
-}
-
-// TestRenewCalls: exclusive leases go to renewHeldScript calls, one per
-// TTL, the others to renewScript calls; with held false, every lease goes
-// to renewScript.
-func TestRenewCalls(t *testing.T) {
-	b := &Backend{prefix: "pfx"}
-	reqs := []backend.RenewRequest{
-		{Lease: backend.Lease{Name: "a", LeaseID: "id-a", Mode: backend.Exclusive}, TTL: 15 * time.Second},
-		{Lease: backend.Lease{Name: "b", LeaseID: "id-b", Mode: backend.Shared}, TTL: 15 * time.Second},
-		{Lease: backend.Lease{Name: "c", LeaseID: "id-c", Mode: backend.Exclusive}, TTL: time.Second},
-		{Lease: backend.Lease{Name: "d", LeaseID: "id-d", Mode: backend.Exclusive}, TTL: 15 * time.Second},
-	}
-	all := []int{0, 1, 2, 3}
-	assert.Equal(t, []renewCall{
-		{held: true, idx: []int{0, 3}},
-		{idx: []int{1}},
-		{held: true, idx: []int{2}},
-	}, b.renewCalls(reqs, all, true))
-	assert.Equal(t, []renewCall{{idx: all}}, b.renewCalls(reqs, all, false))
 }

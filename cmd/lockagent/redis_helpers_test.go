@@ -211,9 +211,9 @@ func (l *eventLog) kinds() []string {
 // EVAL ([cmd, script, numkeys, keys..., args...]) are a renewal script
 // call, and if so returns the X key and lease id of each lease it renews
 // (backend/redis/renew.go). The script for exclusive leases takes their X
-// keys, then their TTL and each one's lease id: no other script's keys
-// are all X keys (ending in the hash tag's "}") with a number and one
-// argument each. The general script takes X, R, T per lease as keys and
+// keys, and each one's lease id and TTL: no other script's keys are all X
+// keys (ending in the hash tag's "}") with two arguments each, every
+// second a number. The general script takes X, R, T per lease as keys and
 // lease id, mode, ttl per lease as arguments: no other script has as many
 // arguments as keys, in threes.
 func renewCallLeases(args []string) (xs, leases []string, ok bool) {
@@ -225,10 +225,18 @@ func renewCallLeases(args []string) (xs, leases []string, ok bool) {
 		return nil, nil, false
 	}
 	keys := args[3:min(3+nkeys, len(args))]
-	if len(args) == 4+2*nkeys && !slices.ContainsFunc(keys, func(k string) bool { return !strings.HasSuffix(k, "}") }) {
-		if _, err := strconv.Atoi(args[3+nkeys]); err == nil {
-			return keys, args[4+nkeys:], true
+	if len(args) == 3+3*nkeys && !slices.ContainsFunc(keys, func(k string) bool { return !strings.HasSuffix(k, "}") }) {
+		held := true
+		for j := 0; j < nkeys; j++ {
+			leases = append(leases, args[3+nkeys+2*j])
+			if _, err := strconv.Atoi(args[4+nkeys+2*j]); err != nil {
+				held = false
+			}
 		}
+		if held {
+			return keys, leases, true
+		}
+		leases = nil
 	}
 	if nkeys%3 != 0 || len(args) != 3+2*nkeys {
 		return nil, nil, false
