@@ -62,11 +62,11 @@ return out
 // KEYS are their X keys, ARGV each one's lease id and ttl in ms in turn.
 // It returns the places (from 1) of the leases it did not renew (gone,
 // taken over, or a key of another type), most often none: a lease not
-// renewed goes to renewScript, which tells gone from taken over. X is the lease's holder when its o is the lease
-// id: lease ids are random, and only lockagent writes them. Exclusive
-// renewals are most of an agent's steady load: one key and two arguments
-// per lease and no TIME cost Redis about a quarter less per lease than
-// renewScript.
+// renewed goes to renewScript, which tells gone from taken over. X is the
+// lease's holder when its o is the lease id: lease ids are random, and
+// only lockagent writes them. Exclusive renewals are most of an agent's
+// steady load: one key and two arguments per lease and no TIME cost Redis
+// about a quarter less per lease than renewScript.
 var renewHeldScript = goredis.NewScript(renewHeldSource)
 
 const renewHeldSource = `

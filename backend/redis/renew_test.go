@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -55,4 +56,30 @@ func TestRenewCommand(t *testing.T) {
 	assert.Empty(t, sc.keys)
 	assert.Empty(t, sc.ttls)
 	assert.Nil(t, sc.args[:cap(sc.args)][0], "a used scratch keeps no pointers")
+}
+
+// TestHeldResults: a renewHeldScript call's reply names the leases it did
+// not renew, which go on to renewScript; the others are renewed. A place
+// out of the call fails every lease of the call.
+func TestHeldResults(t *testing.T) {
+	b := &Backend{prefix: "pfx"}
+	reqs := []backend.RenewRequest{
+		{Lease: backend.Lease{Name: "a", LeaseID: "id-a"}}, {Lease: backend.Lease{Name: "b", LeaseID: "id-b"}},
+		{Lease: backend.Lease{Name: "c", LeaseID: "id-c"}},
+	}
+	call := renewCall{held: true, idx: []int{0, 2}}
+	errs := []error{errors.New("before"), errors.New("untouched"), errors.New("before")}
+	missed := b.heldResults(reqs, call, []int64{2}, errs, []int{1})
+	assert.Equal(t, []int{1, 2}, missed, "the second lease of the call, index 2 of the chunk")
+	assert.NoError(t, errs[0])
+	assert.EqualError(t, errs[1], "untouched", "a lease of another call")
+
+	for _, bad := range [][]int64{{0}, {3}, {-1}} {
+		errs := make([]error, 3)
+		missed := b.heldResults(reqs, call, bad, errs, nil)
+		assert.Empty(t, missed, "%v", bad)
+		assert.ErrorIs(t, errs[0], backend.ErrUnavailable, "%v", bad)
+		assert.ErrorIs(t, errs[2], backend.ErrUnavailable, "%v", bad)
+		assert.NoError(t, errs[1], "%v", bad)
+	}
 }
