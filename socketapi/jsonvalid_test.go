@@ -17,6 +17,10 @@ var validJSONCases = []string{
 	`{"id":1,"op":"acquire","name":"a","ttl_ms":15000}`, "{\"a\":1}\r\n", `{"a":1}x`, `{"a"` + ":\t1}",
 	strings.Repeat("[", 40) + strings.Repeat("]", 40), strings.Repeat("[", 40) + strings.Repeat("]", 39),
 	strings.Repeat(`{"a":`, 30) + `1` + strings.Repeat("}", 30),
+	// json.Valid's depth limit, empty containers counted.
+	strings.Repeat("[", 10000) + strings.Repeat("]", 10000), strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+	`{"x":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`, `{"x":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`,
+	`{"x":` + strings.Repeat("[", 9998) + "{}" + strings.Repeat("]", 9998) + `}`, `{"x":` + strings.Repeat("[", 9999) + "{}" + strings.Repeat("]", 9999) + `}`,
 }
 
 func TestValidJSON(t *testing.T) {
