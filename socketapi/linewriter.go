@@ -2,6 +2,7 @@ package socketapi
 
 import (
 	"net"
+	"os"
 	"syscall"
 	"time"
 )
@@ -44,7 +45,7 @@ func (w *lineWriter) write(line []byte) error {
 		case err != nil:
 			return err // closed
 		case werr != nil && werr != syscall.EAGAIN:
-			return werr
+			return os.NewSyscallError("write", werr)
 		case n == len(line):
 			return nil
 		}
