@@ -3,7 +3,6 @@ package socketapi
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -26,15 +25,13 @@ import (
 // returns to the system only after its next collection, and an agent that
 // allocates little may run that only two minutes later. So once
 // freeAfterParks connections have parked, and then none for freeDelay,
-// the poller has the runtime collect and return its free memory (free),
-// at most once every freeEvery: a collection of the agent's live heap
-// (tens of milliseconds of CPU for 10,000 sessions) once a burst is over,
-// not at every lull of a busy agent.
+// the poller calls free (Server.AfterIdleBurst), at most once every
+// freeEvery: once a burst is over, not at every lull of a busy agent.
 type idlePoller struct {
 	epfd     int
 	stopPipe [2]int // a pipe whose read end, when readable, stops run
 	done     chan struct{}
-	free     func() // returns free memory to the system
+	free     func() // called after a burst of parks; nil: never
 
 	mu        sync.Mutex
 	parked    map[int32]func() // each parked socket's read function, by descriptor
@@ -53,13 +50,14 @@ const (
 	freeEvery      = time.Minute
 )
 
-// newIdlePoller creates the epoll set and starts its goroutine.
-func newIdlePoller() (*idlePoller, error) {
+// newIdlePoller creates the epoll set and starts its goroutine; free, if
+// not nil, is called after a burst of parks.
+func newIdlePoller(free func()) (*idlePoller, error) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	p := &idlePoller{epfd: epfd, done: make(chan struct{}), free: debug.FreeOSMemory, parked: make(map[int32]func())}
+	p := &idlePoller{epfd: epfd, done: make(chan struct{}), free: free, parked: make(map[int32]func())}
 	if err := syscall.Pipe2(p.stopPipe[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
 		syscall.Close(epfd)
 		return nil, fmt.Errorf("pipe2: %w", err)
@@ -89,6 +87,9 @@ func (p *idlePoller) park(fd int32, read func()) bool {
 		return false
 	}
 	p.parked[fd] = read
+	if p.free == nil {
+		return true
+	}
 	if p.parks++; p.parks >= freeAfterParks {
 		delay := max(freeDelay, time.Until(p.lastFree.Add(freeEvery)))
 		if p.freeTimer == nil {

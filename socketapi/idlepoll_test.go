@@ -15,7 +15,7 @@ import (
 // have parked and then none for freeDelay; not for fewer parks, not while
 // parking goes on, not twice within freeEvery, and not after close.
 func TestIdlePollerFreesAfterABurst(t *testing.T) {
-	p, err := newIdlePoller()
+	p, err := newIdlePoller(func() {})
 	require.NoError(t, err)
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
@@ -65,4 +65,24 @@ func TestIdlePollerFreesAfterABurst(t *testing.T) {
 		assert.Equal(t, int32(2), frees.Load(), "closed before the pause ended")
 		assert.False(t, p.park(int32(fds[0]), func() {}), "closed")
 	})
+}
+
+// TestIdlePollerWithoutFree: without a function to call, a burst of parks
+// sets no timer.
+func TestIdlePollerWithoutFree(t *testing.T) {
+	p, err := newIdlePoller(nil)
+	require.NoError(t, err)
+	defer p.close()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	for range freeAfterParks + 1 {
+		require.True(t, p.park(int32(fds[0]), func() {}))
+		p.unpark(int32(fds[0]))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	assert.Nil(t, p.freeTimer)
+	assert.Zero(t, p.parks)
 }

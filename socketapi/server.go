@@ -34,6 +34,13 @@ type Server struct {
 	// waits in the server's idle poller, without a goroutine, so that
 	// thousands of idle connections do not each keep a stack. Default 1s.
 	IdleHandoff time.Duration
+	// AfterIdleBurst, if set, is called once a burst of connections has
+	// gone idle, at most once a minute: their goroutines have ended and
+	// left their stacks free in the heap, tens of megabytes after a
+	// burst of thousands, which the runtime returns to the system only
+	// after its next collection. The agent returns them at once
+	// (debug.FreeOSMemory).
+	AfterIdleBurst func()
 
 	// GroupsOf returns the groups of a uid, for ACL rules and admin
 	// groups; the answers are kept for a few seconds. Default GroupsOfUID.
@@ -87,7 +94,7 @@ const (
 // listener is closed (and its socket file removed) when Serve returns.
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.setDefaults()
-	idle, err := newIdlePoller()
+	idle, err := newIdlePoller(s.AfterIdleBurst)
 	if err != nil {
 		s.Logger.Warn("idle connections will each keep a goroutine", "error", err)
 	} else {

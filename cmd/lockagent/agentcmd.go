@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"syscall"
 
@@ -124,6 +125,9 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxLineBytes:   cfg.Limits.MaxLineBytes,
 		MaxConns:       cfg.Limits.MaxSessions,
 		MaxConnsPerUID: cfg.Limits.MaxConnectionsPerUID,
+		// An agent allocates little once its sessions are idle, and might
+		// keep a burst's stacks for minutes.
+		AfterIdleBurst: debug.FreeOSMemory,
 	}
 
 	var wg sync.WaitGroup
