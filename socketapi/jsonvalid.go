@@ -17,28 +17,23 @@ func validJSON(b []byte) bool {
 		if i >= len(b) {
 			return false
 		}
-		if (b[i] == '{' || b[i] == '[') && len(open) == maxDepth {
-			return false
-		}
 		switch b[i] {
-		case '{':
-			i = skipSpace(b, i+1)
-			if i < len(b) && b[i] == '}' {
-				i++
-				break
-			}
-			open = append(open, '{')
-			if i = member(b, i); i < 0 {
+		case '{', '[':
+			c := b[i]
+			if len(open) == maxDepth {
 				return false
 			}
-			continue
-		case '[':
 			i = skipSpace(b, i+1)
-			if i < len(b) && b[i] == ']' {
+			if i < len(b) && b[i] == c+2 { // '}' or ']': empty
 				i++
 				break
 			}
-			open = append(open, '[')
+			open = append(open, c)
+			if c == '{' {
+				if i = member(b, i); i < 0 {
+					return false
+				}
+			}
 			continue
 		case '"':
 			i = validString(b, i)
