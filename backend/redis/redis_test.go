@@ -195,16 +195,26 @@ func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredi
 }
 
 // TestScriptsLostByTheServer: after SCRIPT FLUSH (as after a restart or a
-// failover), pipelined renewals load the scripts again, and no lease is
-// reported gone.
+// failover), pipelined renewals go again by source, and no lease is
+// reported gone; nothing waits for a SCRIPT LOAD (on Cluster, of every
+// primary), and the next renewal finds the script again.
 func TestScriptsLostByTheServer(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	b := open(t, newClient(srv.Addr()), "sf")
 	defer b.Close()
+	ctx := context.Background()
 	grant(t, b, "n", "l1", backend.Exclusive)
-	require.NoError(t, srv.Client(t).ScriptFlush(context.Background()).Err())
-	errs := b.Renew(context.Background(), []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
-	assert.NoError(t, errs[0])
+	rc := srv.Client(t)
+	require.NoError(t, rc.ScriptFlush(ctx).Err())
+	require.NoError(t, rc.ConfigResetStat(ctx).Err())
+	req := []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}}
+	assert.NoError(t, b.Renew(ctx, req)[0])
+	assert.NoError(t, b.Renew(ctx, req)[0])
+	stats, err := rc.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	assert.NotContains(t, stats, "cmdstat_script|load:", "renewals do not load the scripts")
+	assert.Contains(t, stats, "cmdstat_eval:calls=1,", "the renewal went again by source once")
+	assert.Contains(t, stats, "cmdstat_evalsha:calls=2,", "the next renewal found the script")
 }
 
 // TestRenewTellsTakenOver: a renewal that finds another lease on the name

@@ -173,9 +173,9 @@ func (b *Backend) renewCalls(reqs []backend.RenewRequest, idx []int, held bool) 
 	return calls
 }
 
-// runRenewals sends calls in one pipeline, loading the scripts and
-// sending again if the server lost them, sets the errors of their leases
-// and returns the exclusive leases that renewHeldScript did not renew.
+// runRenewals sends calls in one pipeline, sending again by source the
+// calls the server had no script for, sets the errors of their leases and
+// returns the exclusive leases that renewHeldScript did not renew.
 func (b *Backend) runRenewals(ctx context.Context, sc *renewScratch, reqs []backend.RenewRequest, calls []renewCall, errs []error) (missed []int) {
 	cmds := b.sendRenewals(ctx, sc, reqs, calls, false)
 	var again []renewCall
@@ -189,16 +189,10 @@ func (b *Backend) runRenewals(ctx context.Context, sc *renewScratch, reqs []back
 	if len(again) == 0 {
 		return missed
 	}
-	// The server lost its scripts (a restart, a failover): load them and
-	// send again what failed; a renewal is idempotent.
-	if err := b.loadScripts(ctx); err != nil {
-		for _, call := range again {
-			for _, i := range call.idx {
-				errs[i] = b.fail("renew", reqs[i].Name, err)
-			}
-		}
-		return missed
-	}
+	// The server lost its scripts (a restart, a failover): what failed
+	// goes again by EVAL, which also caches the script for the next
+	// EVALSHA; a renewal is idempotent. Only the server that lost them is
+	// asked again: on Cluster, the other primaries are not waited for.
 	for j, c := range b.sendRenewals(ctx, sc, reqs, again, true) {
 		missed = b.renewResults(reqs, again[j], c, errs, missed)
 	}
