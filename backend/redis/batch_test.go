@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,5 +136,58 @@ func TestLargeBatchGoesInSeveralCalls(t *testing.T) {
 		v, err := r.cmd.Int64()
 		require.NoError(t, err, "release %d", i)
 		assert.Equal(t, int64(1), v, "release %d released", i)
+	}
+}
+
+// TestBatchOnReplica: a batch that reaches a replica (an old primary
+// demoted under the agent's connection) fails whole with READONLY, which
+// go-redis sends again on a new connection, instead of each request
+// failing alone; once the server is a primary again, every request of the
+// batch runs.
+func TestBatchOnReplica(t *testing.T) {
+	primary := redistest.Start(t, redistest.Options{})
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), MaxRetries: 10,
+		MinRetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond})
+	b, err := Open(ctx, Options{Client: c, KeyPrefix: "ro"})
+	require.NoError(t, err)
+	defer b.Close()
+
+	rc := srv.Client(t)
+	host, port, err := net.SplitHostPort(primary.Addr())
+	require.NoError(t, err)
+	require.NoError(t, rc.SlaveOf(ctx, host, port).Err())
+	// The server becomes a primary again once it has refused a write.
+	promoted := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			stats, err := rc.Info(ctx, "errorstats").Result()
+			if err != nil {
+				promoted <- err
+				return
+			}
+			if strings.Contains(stats, "errorstat_READONLY:") {
+				promoted <- rc.SlaveOf(ctx, "NO", "ONE").Err()
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		promoted <- fmt.Errorf("no READONLY error after 10 s")
+	}()
+
+	var batch []*call
+	for i := range 3 {
+		k := b.keys(fmt.Sprintf("n%d", i))
+		batch = append(batch, &call{ctx: ctx, script: acquireScript, keys: []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+			args: []any{fmt.Sprintf("l%d", i), "x", 10000, 0, "host", "", 60000, ""}})
+	}
+	b.batch.execOne(ctx, batch)
+	require.NoError(t, <-promoted)
+	for i, a := range batch {
+		res, err := a.cmd.Slice()
+		require.NoError(t, err, "acquire %d", i)
+		assert.Equal(t, int64(1), res[0], "acquire %d granted", i)
 	}
 }

@@ -329,8 +329,9 @@ end
 // the number of requests, then per request its kind ('a' acquire, 'r'
 // release), its number of keys and of arguments, and its arguments. It
 // returns per request what its own script returns, or {-9, message} when
-// it failed, without failing the others. It runs only where all its keys
-// may be in one call: not on Cluster.
+// it failed, without failing the others; but a READONLY error (a replica)
+// fails the whole call, which wrote nothing. It runs only where all its
+// keys may be in one call: not on Cluster.
 var batchScript = goredis.NewScript(batchSource)
 
 const batchSource = fast + common + acquireFn + releaseFn + `
@@ -356,7 +357,12 @@ for i = 1, tonumber(ARGV[1]) do
   else
     local msg = res
     if type(res) == 'table' then msg = res.err end
-    out[i] = {-9, tostring(msg)}
+    msg = tostring(msg)
+    -- A replica (an old primary after a failover) refuses every write:
+    -- nothing of this call was written, and the whole call fails as a
+    -- single script would, for the client to send again.
+    if string.sub(msg, 1, 9) == 'READONLY ' then return redis.error_reply(msg) end
+    out[i] = {-9, msg}
   end
 end
 return out
