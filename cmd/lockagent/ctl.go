@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -56,14 +57,24 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer c.Close()
-		var res listResult
-		if err := c.Call(ctx, "list", map[string]any{"all": *all}, &res); err != nil {
+		var raw json.RawMessage
+		if err := c.Call(ctx, "list", map[string]any{"all": *all}, &raw); err != nil {
 			return fmt.Errorf("list: %w", err)
 		}
 		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
+			// The agent's answer as it came: every field, campaigns
+			// included, and fields of later agents too.
+			var out bytes.Buffer
+			if err := json.Indent(&out, raw, "", "  "); err != nil {
+				return fmt.Errorf("list: %w", err)
+			}
+			out.WriteByte('\n')
+			_, err := out.WriteTo(stdout)
+			return err
+		}
+		var res listResult
+		if err := json.Unmarshal(raw, &res); err != nil {
+			return fmt.Errorf("list: %w", err)
 		}
 		printList(stdout, res)
 		return nil

@@ -344,6 +344,11 @@ type listJSON struct {
 			Name string `json:"name"`
 			Mode string `json:"mode"`
 		} `json:"waiting"`
+		Campaigns []struct {
+			Campaign string `json:"campaign"`
+			Name     string `json:"name"`
+			Leader   bool   `json:"leader"`
+		} `json:"campaigns"`
 	} `json:"sessions"`
 }
 
@@ -353,6 +358,11 @@ func TestCtlList(t *testing.T) {
 	e.start(t)
 	holder := dialAgent(t, e.socket, "e2e-holder")
 	l := mustAcquire(t, holder, "ctl/list", nil)
+	var camp struct {
+		Campaign string `json:"campaign"`
+	}
+	leader := dialAgent(t, e.socket, "e2e-leader")
+	require.NoError(t, leader.Call(t.Context(), "campaign", map[string]any{"name": "ctl/lead"}, &camp))
 
 	// A second session waits for the name.
 	waiter := dialAgent(t, e.socket, "e2e-waiter")
@@ -377,6 +387,15 @@ func TestCtlList(t *testing.T) {
 		for _, s := range listing().Sessions {
 			if s.Client == "e2e-waiter" && len(s.Waiting) == 1 {
 				return true
+			}
+		}
+		return false
+	})
+	eventually(t, exitTimeout, "a campaign shows in ctl list -json, as leader", func() bool {
+		for _, s := range listing().Sessions {
+			if s.Client == "e2e-leader" && len(s.Campaigns) == 1 {
+				c := s.Campaigns[0]
+				return c.Campaign == camp.Campaign && c.Name == "ctl/lead" && c.Leader
 			}
 		}
 		return false
