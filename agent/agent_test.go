@@ -318,6 +318,43 @@ func TestSessionOutlivesConnectionForItsTTL(t *testing.T) {
 	})
 }
 
+// TestByeFromATakenOverConnection: a bye that comes from a connection
+// whose session another connection took over with a resume (the bye was on
+// its way when the resume came) leaves the session to the new connection;
+// the new connection's bye ends it and releases its leases.
+func TestByeFromATakenOverConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		old, taker := &conn{}, &conn{}
+		peer := agent.Peer{UID: 1000}
+		s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, old)
+		require.NoError(t, err)
+		resumed, err := a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, taker)
+		require.NoError(t, err)
+		require.Same(t, s, resumed)
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", Scope: agent.ScopeSession, TTL: time.Second})
+
+		s.Bye(context.Background(), old)
+		taker.mu.Lock()
+		assert.False(t, taker.closed, "the taker's connection stays open")
+		taker.mu.Unlock()
+		time.Sleep(5 * time.Second) // renewals go on
+		info, err := f.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		require.Len(t, info.Holders, 1, "the lease is still held")
+		assert.Equal(t, l.ID, info.Holders[0].LeaseID)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Second})
+
+		s.Bye(context.Background(), taker)
+		info, err = f.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		assert.Empty(t, info.Holders, "the taker's bye released the lease")
+		_, err = s.Acquire(context.Background(), agent.AcquireRequest{Name: "o"})
+		assert.ErrorIs(t, err, agent.ErrSessionEnded)
+	})
+}
+
 // TestShutdown: every session is told, its connection closed, every lease
 // released, and nothing new is accepted.
 func TestShutdown(t *testing.T) {

@@ -291,12 +291,22 @@ func (s *Session) send(ev Event) {
 	}
 }
 
-// Bye ends the session: every lease is released before it returns.
-func (s *Session) Bye(ctx context.Context) {
+// Bye ends the session for conn, its attached connection: every lease is
+// released before it returns. From a connection the session is no longer
+// attached to (another took it over with a resume), Bye does nothing: the
+// session is the new connection's.
+func (s *Session) Bye(ctx context.Context, conn Conn) {
 	a := s.a
 	a.mu.Lock()
+	if s.conn != conn {
+		a.mu.Unlock()
+		return
+	}
 	gone := s.end(true)
 	a.mu.Unlock()
+	// The releases outlive a connection that closes meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
 	for _, l := range gone {
 		a.releaseBackend(ctx, l)
 	}

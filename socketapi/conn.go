@@ -760,7 +760,7 @@ func (c *conn) ping(_ context.Context, id json.RawMessage, _ *request) bool {
 }
 
 func (c *conn) bye(ctx context.Context, id json.RawMessage, _ *request) bool {
-	c.sess.Bye(ctx)
+	c.sess.Bye(ctx, c)
 	c.reply(id, struct{}{}, nil)
 	return false
 }
