@@ -63,8 +63,9 @@ type conn struct {
 
 // pendingReq is a waiting acquire that cancel can name.
 type pendingReq struct {
-	cancel context.CancelFunc
-	done   chan struct{} // closed once the acquire is answered
+	cancel   context.CancelFunc
+	done     chan struct{} // closed once the acquire is answered
+	canceled bool          // it was answered canceled; set before done is closed
 }
 
 // serve starts the connection's read loop and returns; once the
@@ -642,6 +643,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 			c.mu.Unlock()
 		}
 		c.replyAcquire(id, res, err)
+		p.canceled = errors.Is(err, context.Canceled)
 		close(p.done)
 	}()
 	return true
@@ -746,11 +748,12 @@ func (c *conn) cancel(_ context.Context, id json.RawMessage, req *request) bool 
 	}
 	if p != nil {
 		// Answer once the acquire has been: its canceled error comes
-		// first, and its name is free for the session again.
+		// first, and its name is free for the session again. An acquire
+		// granted (or ended otherwise) meanwhile was not canceled.
 		p.cancel()
 		<-p.done
 	}
-	c.reply(id, cancelResult{Canceled: p != nil}, nil)
+	c.reply(id, cancelResult{Canceled: p != nil && p.canceled}, nil)
 	return true
 }
 

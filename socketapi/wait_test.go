@@ -77,6 +77,40 @@ func TestCancel(t *testing.T) {
 	b.fail(`{"id":"y","op":"cancel","target":{"a":1}}`, "invalid_argument")
 }
 
+// TestCancelRacingAGrant: a cancel sent as the name is released races the
+// grant of the acquire it targets; whichever wins, the two answers agree:
+// canceled true when the acquire was answered canceled, false when it was
+// granted (its lease is then held, and the client must know it).
+func TestCancelRacingAGrant(t *testing.T) {
+	ta := startAgent(t)
+	a, b := ta.raw(t), ta.raw(t)
+	outcomes := map[string]int{}
+	for range 500 {
+		l := a.ok(`{"id":1,"op":"acquire","name":"r"}`)
+		b.send(`{"id":"w","op":"acquire","name":"r","wait_ms":-1}`)
+		require.Eventually(t, func() bool { return waitingCount(t, a) == 1 }, 2*time.Second, time.Millisecond)
+		a.send(fmt.Sprintf(`{"id":2,"op":"release","lease":%q}`, l["lease"]))
+		b.send(`{"id":"c","op":"cancel","target":"w"}`)
+		got := map[any]map[string]any{}
+		for range 2 {
+			m := b.recv()
+			got[m["id"]] = m
+		}
+		a.recv() // the release's answer
+		acq, canceled := got["w"], got["c"]["canceled"]
+		if acq["acquired"] == true {
+			outcomes["granted"]++
+			require.Equal(t, false, canceled, "cancel of an acquire answered with a grant")
+			b.ok(fmt.Sprintf(`{"id":3,"op":"release","lease":%q}`, acq["lease"]))
+			continue
+		}
+		outcomes["canceled"]++
+		requireCode(t, acq, "canceled")
+		require.Equal(t, true, canceled, "cancel of an acquire answered canceled")
+	}
+	t.Logf("outcomes: %v", outcomes)
+}
+
 func TestPendingIDInUse(t *testing.T) {
 	ta := startAgent(t)
 	a, b := ta.raw(t), ta.raw(t)
