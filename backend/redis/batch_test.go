@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/internal/faultproxy"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
@@ -190,4 +191,60 @@ func TestBatchOnReplica(t *testing.T) {
 		require.NoError(t, err, "acquire %d", i)
 		assert.Equal(t, int64(1), res[0], "acquire %d granted", i)
 	}
+}
+
+// TestNoSendAfterTheDeadline: a gathered call is never sent, nor sent again
+// by go-redis's retry of its pipeline, after its deadline: its caller, who
+// then cleans up (releases the lease its acquire may have made), returns
+// only once no send of it can come. The other calls of the pipeline, cut at
+// that deadline, go again in the next one.
+func TestNoSendAfterTheDeadline(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	px := faultproxy.New(t, srv.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, MaxRetries: 2,
+		MinRetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond})
+	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "late"})
+	require.NoError(t, err)
+	defer b.Close()
+	direct := srv.Client(t)
+
+	acquire := func(ctx context.Context, name, id string) error {
+		k := b.keys(name)
+		return b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c}, id, "x", 10000, 0, "h", "", 60000, "").Err()
+	}
+	b.batch.mu.Lock()
+	b.batch.inFlight = maxInFlight // as many as go out at once are in flight: calls gather
+	b.batch.mu.Unlock()
+	ctxA, cancelA := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancelA()
+	ctxB, cancelB := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelB()
+	resA, resB := make(chan error, 1), make(chan error, 1)
+	go func() { resA <- acquire(ctxA, "a", "leaseA") }()
+	go func() { resB <- acquire(ctxB, "b", "leaseB") }()
+	require.Eventually(t, func() bool {
+		b.batch.mu.Lock()
+		defer b.batch.mu.Unlock()
+		return len(b.batch.queue) == 2
+	}, 5*time.Second, time.Millisecond)
+
+	px.Blackhole()
+	go b.batch.drain() // what a call's return starts
+	require.ErrorIs(t, <-resA, context.DeadlineExceeded)
+	// The link heals: a retry of A's pipeline would reach Redis now.
+	px.ResetAll()
+	px.Pass()
+	// A's caller cleans up, as the agent does after an unknown outcome.
+	k := b.keys("a")
+	v, err := releaseScript.Run(context.Background(), direct, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, "leaseA", "x").Int64()
+	require.NoError(t, err)
+	assert.Zero(t, v, "A's acquire never reached Redis")
+
+	require.NoError(t, <-resB, "B, cut with A's pipeline, went again")
+	n, err := direct.Exists(context.Background(), k.x).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "no send of A after its deadline and its release")
+	owner, err := direct.HGet(context.Background(), b.keys("b").x, "o").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "leaseB", owner)
 }
