@@ -173,8 +173,8 @@ func DefaultSocketPath() string {
 }
 
 // defaultSocketPath is /run/lockagent/agent.sock for root and systemd
-// services, else the user's runtime directory, else a per-uid file in the
-// temporary directory.
+// services, else the user's runtime directory, else agent.sock in the
+// user's private directory in the temporary directory (PrivateSocketDir).
 func defaultSocketPath(euid int, getenv func(string) string) string {
 	if euid == 0 || getenv("INVOCATION_ID") != "" || getenv("NOTIFY_SOCKET") != "" {
 		return "/run/lockagent/agent.sock"
@@ -183,7 +183,20 @@ func defaultSocketPath(euid int, getenv func(string) string) string {
 	if dir := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(dir) {
 		return filepath.Join(dir, "lockagent.sock")
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("lockagent-%d.sock", euid))
+	return filepath.Join(privateSocketDir(euid), "agent.sock")
+}
+
+// PrivateSocketDir is the directory of the default socket of a user
+// without a runtime directory: lockagent-UID in the temporary directory,
+// UID being the effective uid. The temporary directory is everybody's, so
+// the agent makes it accessible to its user only, and neither the agent
+// nor a client uses it unless it is the user's own and private.
+func PrivateSocketDir() string {
+	return privateSocketDir(os.Geteuid())
+}
+
+func privateSocketDir(euid int) string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("lockagent-%d", euid))
 }
 
 // defaultStateDir is /var/lib/lockagent for root, else the user's XDG state

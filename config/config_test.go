@@ -350,8 +350,8 @@ func TestDefaultSocketPath(t *testing.T) {
 		{"systemd service", 1000, map[string]string{"INVOCATION_ID": "1f2e", "XDG_RUNTIME_DIR": "/run/user/1000"}, "/run/lockagent/agent.sock"},
 		{"systemd notify", 1000, map[string]string{"NOTIFY_SOCKET": "/run/systemd/notify"}, "/run/lockagent/agent.sock"},
 		{"user", 1000, map[string]string{"XDG_RUNTIME_DIR": "/run/user/1000"}, "/run/user/1000/lockagent.sock"},
-		{"relative runtime dir", 1000, map[string]string{"XDG_RUNTIME_DIR": "run/user"}, filepath.Join(os.TempDir(), "lockagent-1000.sock")},
-		{"no runtime dir", 1000, nil, filepath.Join(os.TempDir(), "lockagent-1000.sock")},
+		{"relative runtime dir", 1000, map[string]string{"XDG_RUNTIME_DIR": "run/user"}, filepath.Join(os.TempDir(), "lockagent-1000", "agent.sock")},
+		{"no runtime dir", 1000, nil, filepath.Join(os.TempDir(), "lockagent-1000", "agent.sock")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

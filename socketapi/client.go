@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -132,7 +133,7 @@ const eventBuffer = 1024
 // and not empty, else the default path, computed as the agent computes
 // its own (see config.DefaultSocketPath): /run/lockagent/agent.sock for
 // root and systemd services, $XDG_RUNTIME_DIR/lockagent.sock, or
-// lockagent-UID.sock in the temporary directory.
+// lockagent-UID/agent.sock in the temporary directory.
 func SocketPath(explicit string) string {
 	if explicit != "" {
 		return explicit
@@ -148,6 +149,13 @@ func SocketPath(explicit string) string {
 // set its options.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	path = SocketPath(path)
+	// In the temporary directory, anybody could have made the directory
+	// and serve an agent of theirs there.
+	if dir := filepath.Dir(path); dir == config.PrivateSocketDir() {
+		if err := checkPrivate(dir); err != nil {
+			return nil, fmt.Errorf("dial %s: %w", path, err)
+		}
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {

@@ -3,6 +3,7 @@ package socketapi
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/user"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
+
+	"github.com/lockagent/lockagent/config"
 )
 
 // ErrInUse is returned by Listen when another process is serving the path.
@@ -21,7 +24,7 @@ var ErrInUse = errors.New("socketapi: socket in use by a live agent")
 // Listen binds the agent's Unix socket at path, defensively: a live agent's
 // socket is never replaced (ErrInUse), a path that is not a socket is never
 // removed, and a stale socket left by a dead agent is. A missing directory
-// is created (mode 0755). The socket gets mode and, when group is set (a
+// is created (see socketDir). The socket gets mode and, when group is set (a
 // name or a number), that group, with no moment at which it is more open:
 // it is created accessible to its owner only, and opened up to mode once
 // its group is set.
@@ -33,7 +36,7 @@ func Listen(path string, mode os.FileMode, group string) (*net.UnixListener, err
 			return nil, fmt.Errorf("listen %s: %w", path, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := socketDir(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -57,6 +60,42 @@ func Listen(path string, mode os.FileMode, group string) (*net.UnixListener, err
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// socketDir makes the socket's directory if it is missing, mode 0755
+// whatever the umask, or, for the private directory of a user without a
+// runtime directory (config.PrivateSocketDir), mode 0700; that one must
+// be the user's own and private even if it exists: in the temporary
+// directory, anybody could have made it first.
+func socketDir(dir string) error {
+	if dir == config.PrivateSocketDir() {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		return checkPrivate(dir)
+	}
+	if _, err := os.Stat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// checkPrivate tells whether dir is a directory (not a link to one) of the
+// effective user's, which nobody else may enter.
+func checkPrivate(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	euid := os.Geteuid()
+	if !fi.IsDir() || !ok || int(st.Uid) != euid || fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s is not a directory private to uid %d (%v, owner %d): remove it, or give the socket another path", dir, euid, fi.Mode(), st.Uid)
+	}
+	return nil
 }
 
 // Activated returns the listening socket that systemd handed over (socket

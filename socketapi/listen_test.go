@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/config"
 )
 
 // socketFile makes a socket of the domain and type, bound to addr, as
@@ -111,4 +113,62 @@ func TestActivatedRefusesWhatItCannotServe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestListenMakesItsDirectory: a missing directory is made with mode 0755
+// whatever the umask, so that the socket's own mode decides who connects.
+func TestListenMakesItsDirectory(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	dir := filepath.Join(shortDir(t), "a", "b")
+	ln, err := Listen(filepath.Join(dir, "s"), 0o660, "")
+	require.NoError(t, err)
+	defer ln.Close()
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
+}
+
+// TestPrivateSocketDir: the default socket of a user without a runtime
+// directory lives in lockagent-UID in the temporary directory, which
+// anybody could make first. The agent makes it accessible to its user
+// only; the agent and the clients refuse it unless it is a directory of
+// the user's that nobody else may enter.
+func TestPrivateSocketDir(t *testing.T) {
+	t.Setenv("TMPDIR", shortDir(t))
+	dir := config.PrivateSocketDir()
+	path := filepath.Join(dir, "agent.sock")
+
+	ln, err := Listen(path, 0o660, "")
+	require.NoError(t, err)
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "made private")
+	c, err := Dial(t.Context(), path)
+	require.NoError(t, err)
+	c.Close()
+	ln.Close()
+
+	refused := func(what string) {
+		t.Helper()
+		_, err := Listen(path, 0o660, "")
+		require.ErrorContains(t, err, "not a directory private to uid", "listen, %s", what)
+		_, err = Dial(t.Context(), path)
+		require.ErrorContains(t, err, "not a directory private to uid", "dial, %s", what)
+	}
+	require.NoError(t, os.Chmod(dir, 0o777))
+	refused("open to everybody")
+	require.NoError(t, os.Chmod(dir, 0o750))
+	refused("open to its group")
+	require.NoError(t, os.Chmod(dir, 0o700))
+	if os.Geteuid() == 0 { // only root gives a directory away
+		require.NoError(t, os.Chown(dir, 4242, -1))
+		refused("another user's")
+	}
+
+	require.NoError(t, os.RemoveAll(dir))
+	elsewhere := filepath.Join(shortDir(t), "d")
+	require.NoError(t, os.Mkdir(elsewhere, 0o700))
+	require.NoError(t, os.Symlink(elsewhere, dir))
+	refused("a link")
 }

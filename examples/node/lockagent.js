@@ -28,6 +28,7 @@
  * @module lockagent
  */
 
+const fs = require('node:fs');
 const net = require('node:net');
 const path = require('node:path');
 const { EventEmitter } = require('node:events');
@@ -40,7 +41,7 @@ const asyncDispose = typeof Symbol.asyncDispose === 'symbol' ? Symbol.asyncDispo
 /**
  * The socket path the agent listens on by default, computed as the agent
  * does: `/run/lockagent/agent.sock` for root and systemd services, else
- * `$XDG_RUNTIME_DIR/lockagent.sock`, else `$TMPDIR/lockagent-UID.sock`.
+ * `$XDG_RUNTIME_DIR/lockagent.sock`, else `$TMPDIR/lockagent-UID/agent.sock`.
  *
  * @param {NodeJS.ProcessEnv} [env] the environment to read
  * @param {number} [euid] the effective uid
@@ -54,7 +55,28 @@ function defaultSocketPath(env = process.env, euid = process.geteuid()) {
   if (runtimeDir && path.isAbsolute(runtimeDir)) {
     return path.join(runtimeDir, 'lockagent.sock');
   }
-  return path.join(env.TMPDIR || '/tmp', `lockagent-${euid}.sock`);
+  return path.join(privateDir(env, euid), 'agent.sock');
+}
+
+/** The default socket's directory for a user without a runtime directory. */
+function privateDir(env = process.env, euid = process.geteuid()) {
+  return path.join(env.TMPDIR || '/tmp', `lockagent-${euid}`);
+}
+
+/**
+ * Refuses a socket in {@link privateDir} unless that directory is the
+ * user's own and private: anybody could have made it in the temporary
+ * directory and serve an agent of theirs there.
+ *
+ * @param {string} socket
+ */
+function checkPrivate(socket) {
+  const dir = path.dirname(path.normalize(socket));
+  if (dir !== privateDir()) return;
+  const st = fs.lstatSync(dir);
+  if (!st.isDirectory() || st.uid !== process.geteuid() || (st.mode & 0o077) !== 0) {
+    throw new Error(`${dir} is not a directory private to uid ${process.geteuid()}`);
+  }
 }
 
 /**
@@ -943,6 +965,7 @@ async function connect(options = {}) {
 
 function dial(socket) {
   return new Promise((resolve, reject) => {
+    checkPrivate(socket);
     const sock = net.createConnection(socket);
     const onError = (err) => reject(err);
     sock.once('error', onError);

@@ -54,6 +54,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import threading
 import time
 
@@ -127,8 +128,8 @@ def default_socket_path(euid=None, environ=None):
     """Return the agent's default socket path, as the agent computes it.
 
     ``/run/lockagent/agent.sock`` for root and systemd services, else
-    ``$XDG_RUNTIME_DIR/lockagent.sock``, else ``lockagent-UID.sock`` in
-    ``$TMPDIR`` (``/tmp``). ``euid`` and ``environ`` default to the
+    ``$XDG_RUNTIME_DIR/lockagent.sock``, else ``lockagent-UID/agent.sock``
+    in ``$TMPDIR`` (``/tmp``). ``euid`` and ``environ`` default to the
     process's own.
     """
     if euid is None:
@@ -140,8 +141,36 @@ def default_socket_path(euid=None, environ=None):
     runtime = environ.get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(runtime):
         return os.path.normpath(os.path.join(runtime, "lockagent.sock"))
+    return os.path.join(_private_dir(euid, environ), "agent.sock")
+
+
+def _private_dir(euid=None, environ=None):
+    """The default socket's directory for a user without a runtime directory."""
+    if euid is None:
+        euid = os.geteuid()
+    if environ is None:
+        environ = os.environ
     tmp = environ.get("TMPDIR") or "/tmp"
-    return os.path.normpath(os.path.join(tmp, "lockagent-%d.sock" % euid))
+    return os.path.normpath(os.path.join(tmp, "lockagent-%d" % euid))
+
+
+def _check_private(path):
+    """Refuse a socket in the private directory unless it is the user's own.
+
+    Anybody could have made that directory in the temporary directory and
+    serve an agent of theirs there.
+    """
+    directory = os.path.dirname(os.path.normpath(path))
+    if directory != _private_dir():
+        return
+    try:
+        st = os.lstat(directory)
+    except OSError as e:
+        raise AgentConnectionError("cannot connect to the agent at %s: %s" % (path, e)) from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise AgentConnectionError(
+            "cannot connect to the agent at %s: %s is not a directory private to uid %d"
+            % (path, directory, os.geteuid()))
 
 
 def socket_path(path=None, environ=None):
@@ -1238,6 +1267,7 @@ class Client(_Core):
 
     def _open(self):
         """Connect and say hello, resuming the session if it can."""
+        _check_private(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
@@ -1594,6 +1624,7 @@ class AsyncClient(_Core):
 
     async def _open(self):
         """Connect and say hello, resuming the session if it can."""
+        _check_private(self.path)
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path),
                                                     self.timeout)

@@ -1,8 +1,10 @@
 """Tests of the blocking client against a real agent process."""
 
+import asyncio
 import json
 import os
 import socket
+import tempfile
 import threading
 import unittest
 from unittest import mock
@@ -23,9 +25,9 @@ class SocketPathTest(unittest.TestCase):
             (1000, {"INVOCATION_ID": "x"}, "/run/lockagent/agent.sock"),
             (1000, {"NOTIFY_SOCKET": "/run/systemd/notify"}, "/run/lockagent/agent.sock"),
             (1000, {"XDG_RUNTIME_DIR": "/run/user/1000/"}, "/run/user/1000/lockagent.sock"),
-            (1000, {"XDG_RUNTIME_DIR": "relative"}, "/tmp/lockagent-1000.sock"),
-            (1000, {"TMPDIR": "/var/tmp"}, "/var/tmp/lockagent-1000.sock"),
-            (1000, {}, "/tmp/lockagent-1000.sock"),
+            (1000, {"XDG_RUNTIME_DIR": "relative"}, "/tmp/lockagent-1000/agent.sock"),
+            (1000, {"TMPDIR": "/var/tmp"}, "/var/tmp/lockagent-1000/agent.sock"),
+            (1000, {}, "/tmp/lockagent-1000/agent.sock"),
         ]
         for euid, env, want in cases:
             with self.subTest(euid=euid, env=env):
@@ -38,6 +40,27 @@ class SocketPathTest(unittest.TestCase):
         env["LOCKAGENT_SOCKET"] = ""
         self.assertEqual(lockagent.socket_path(None, env),
                          lockagent.default_socket_path(environ=env))
+
+
+class PrivateDirTest(unittest.TestCase):
+    """A socket in lockagent-UID in the temporary directory is used only if
+    that directory is the user's own and private: anybody could make it."""
+
+    def test_refused_unless_private(self):
+        with tempfile.TemporaryDirectory() as tmp, \
+                mock.patch.dict(os.environ, {"TMPDIR": tmp}):
+            directory = os.path.join(tmp, "lockagent-%d" % os.geteuid())
+            os.mkdir(directory, 0o777)
+            os.chmod(directory, 0o777)
+            path = os.path.join(directory, "agent.sock")
+            with self.assertRaisesRegex(lockagent.AgentConnectionError, "not a directory private"):
+                lockagent.Client(path=path).ping()
+            with self.assertRaisesRegex(lockagent.AgentConnectionError, "not a directory private"):
+                asyncio.run(lockagent.AsyncClient.connect(path=path))
+            os.chmod(directory, 0o700)
+            # Private: the client goes on to connect (and finds no agent).
+            with self.assertRaisesRegex(lockagent.AgentConnectionError, "No such file"):
+                lockagent.Client(path=path).ping()
 
 
 class ErrorMappingTest(unittest.TestCase):

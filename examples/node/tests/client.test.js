@@ -5,6 +5,7 @@
 const assert = require('node:assert/strict');
 const { execFile } = require('node:child_process');
 const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const { after, before, describe, test } = require('node:test');
 
@@ -20,9 +21,27 @@ describe('socket path', () => {
     assert.equal(def({ INVOCATION_ID: 'x' }, 1000), '/run/lockagent/agent.sock');
     assert.equal(def({ NOTIFY_SOCKET: '/run/systemd/notify' }, 1000), '/run/lockagent/agent.sock');
     assert.equal(def({ XDG_RUNTIME_DIR: '/run/user/1000' }, 1000), '/run/user/1000/lockagent.sock');
-    assert.equal(def({ XDG_RUNTIME_DIR: 'relative/dir' }, 1000), '/tmp/lockagent-1000.sock');
-    assert.equal(def({ TMPDIR: '/var/tmp' }, 1000), '/var/tmp/lockagent-1000.sock');
-    assert.equal(def({}, 1000), '/tmp/lockagent-1000.sock');
+    assert.equal(def({ XDG_RUNTIME_DIR: 'relative/dir' }, 1000), '/tmp/lockagent-1000/agent.sock');
+    assert.equal(def({ TMPDIR: '/var/tmp' }, 1000), '/var/tmp/lockagent-1000/agent.sock');
+    assert.equal(def({}, 1000), '/tmp/lockagent-1000/agent.sock');
+  });
+
+  test('a socket in lockagent-UID in the temporary directory is used only if that directory is private', async () => {
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'la-private-'));
+    const saved = process.env.TMPDIR;
+    process.env.TMPDIR = tmp;
+    try {
+      const dir = path.join(tmp, `lockagent-${process.geteuid()}`);
+      fs.mkdirSync(dir);
+      fs.chmodSync(dir, 0o777);
+      const socket = path.join(dir, 'agent.sock');
+      await assert.rejects(connect({ socket }), /not a directory private/);
+      fs.chmodSync(dir, 0o700);
+      await assert.rejects(connect({ socket }), { code: 'ENOENT' }); // private: it connects, to nobody
+    } finally {
+      if (saved === undefined) delete process.env.TMPDIR; else process.env.TMPDIR = saved;
+      fs.rmSync(tmp, { recursive: true });
+    }
   });
 
   test('an explicit path wins over LOCKAGENT_SOCKET, which wins over the default', () => {
