@@ -2,7 +2,7 @@
 # described in /usr/share/doc/lockagent/docs/config.md; check a change with
 #   lockagent config check -config /etc/lockagent/lockagent.hcl
 # then apply it with `systemctl restart lockagent` (`systemctl reload
-# lockagent` applies log_level alone).
+# lockagent` applies the acl block and log_level alone).
 
 # Under systemd, lockagent.socket owns the socket and sets its mode and
 # group (members of the lockagent group may connect); these settings apply
