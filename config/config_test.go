@@ -95,6 +95,7 @@ func TestLoadBad(t *testing.T) {
 		"max-sessions.hcl":       `:2,18: limits.max_sessions: 0 is below 1`,
 		"max-ttl.hcl":            `:2,13: leases.max_ttl: 48h is above 24h`,
 		"metrics-address.hcl":    `:2,13: metrics.address: "9464" is not host:port`,
+		"metrics-port.hcl":       `:2,13: metrics.address: "127.0.0.1:99999": port "99999" is not a port number or a known service`,
 		"min-ttl.hcl":            `:2,13: leases.min_ttl: 10ms is below 100ms`,
 		"mode-number.hcl":        `:2,10: socket.mode: must be a string`,
 		"mode-range.hcl":         `:2,10: socket.mode: 1777 has bits beyond 0777`,

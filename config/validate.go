@@ -233,8 +233,13 @@ func checkGroup(g string) error {
 }
 
 func checkHostPort(addr string) error {
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
 		return fmt.Errorf("%q is not host:port", addr)
+	}
+	// A number up to 65535, or a service name known to the host.
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: port %q is not a port number or a known service", addr, port)
 	}
 	return nil
 }
