@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lockagent/lockagent/socketapi"
 )
 
@@ -100,10 +102,14 @@ func runCmd(args []string, stderr io.Writer) error {
 	for {
 		select {
 		case err := <-exited:
-			c.Call(ctx, "bye", nil, nil)
+			// The lock is released before run returns, unless the
+			// agent does not answer (the connection's end releases it).
+			bctx, bcancel := context.WithTimeout(ctx, byeTimeout)
+			c.Call(bctx, "bye", nil, nil)
+			bcancel()
 			return exitStatus(err)
 		case sig := <-sigs:
-			cmd.Process.Signal(sig)
+			relay(cmd.Process, sig)
 		case ev, ok := <-events:
 			lost := !ok || (ev.Event == "lost" && ev.Lease == res.Lease) || ev.Event == "shutdown"
 			if !ok {
@@ -138,6 +144,33 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	return cmd, exited, nil
+}
+
+// byeTimeout bounds how long run waits, once the command has ended, for
+// the agent to release the lock.
+const byeTimeout = 5 * time.Second
+
+// relay passes sig on to the command, unless a terminal sent it: a
+// terminal's SIGINT (Ctrl-C) and SIGHUP go to its whole foreground process
+// group, which the command shares with run, and it must not get them
+// twice (to many tools a second Ctrl-C means "abort at once").
+func relay(p *os.Process, sig os.Signal) {
+	if sig != syscall.SIGTERM && inTerminalForeground() {
+		return
+	}
+	p.Signal(sig)
+}
+
+// inTerminalForeground tells whether run's process group is the foreground
+// process group of its controlling terminal.
+func inTerminalForeground() bool {
+	tty, err := os.Open("/dev/tty")
+	if err != nil {
+		return false // no controlling terminal
+	}
+	defer tty.Close()
+	pgrp, err := unix.IoctlGetInt(int(tty.Fd()), unix.TIOCGPGRP)
+	return err == nil && pgrp == syscall.Getpgrp()
 }
 
 func lostReason(ev socketapi.Event, ok bool) string {

@@ -32,7 +32,7 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 		return fmt.Errorf("campaign %s: %w", name, err)
 	}
 	resign := func() {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, byeTimeout)
 		defer cancel()
 		cp.Resign(rctx) // if the agent is gone, so is the campaign
 	}
@@ -87,7 +87,7 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 				return exitError{128 + int(sig.(syscall.Signal))}
 			}
 			signaled = true
-			cmd.Process.Signal(sig)
+			relay(cmd.Process, sig)
 		case err := <-exited:
 			cmd, exited, kill = nil, nil, nil
 			select {
