@@ -100,6 +100,11 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		ln.Close()
 		closeMetrics(mln)
+		if ctx.Err() != nil {
+			// Stopped while the backend was opening: a clean stop.
+			log.Info("stopped during start-up", "error", err)
+			return nil
+		}
 		return err
 	}
 	defer b.Close()

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,4 +40,38 @@ func TestA1_AcrossAgents(t *testing.T) {
 	assert.Greater(t, w.Token, l.Token)
 	assert.Less(t, took, 100*time.Millisecond, "the waiter on the other agent was woken by the release")
 	t.Logf("A1 across agents: granted %v after the holder dropped", took)
+}
+
+// TestStopDuringStartup: a SIGTERM while the agent waits for its Redis
+// (here, a server that accepts and never answers) stops it cleanly: exit
+// 0 within a Redis read's timeout, its socket removed.
+func TestStopDuringStartup(t *testing.T) {
+	t.Parallel()
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer mute.Close()
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	e := newAgentEnv(t)
+	e.writeConfig(t, fmt.Sprintf("backend \"redis\" {\n  addresses = [%q]\n}\n", mute.Addr().String()))
+	p := e.spawn(t)
+	eventually(t, exitTimeout, "the agent binds its socket", func() bool {
+		_, err := os.Stat(e.socket)
+		return err == nil
+	})
+	p.signal(t, syscall.SIGTERM)
+	stopped := time.Now()
+	require.Equal(t, 0, p.wait(t, exitTimeout), "exit status; stderr:\n%s", p.stderr)
+	// A read from Redis in flight ends at its timeout (3 s), not at once.
+	require.Less(t, time.Since(stopped), 5*time.Second, "stopped within a read's timeout, not after the backend's (10 s)")
+	require.Contains(t, p.stderr.String(), "stopped during start-up")
+	_, err = os.Stat(e.socket)
+	require.ErrorIs(t, err, os.ErrNotExist, "socket removed")
 }
