@@ -60,6 +60,9 @@ func (w *watches) dispatch(ch <-chan any) {
 			if s := w.subs[m.Channel]; s != nil && m.Kind == "subscribe" && !s.isConfirm {
 				s.isConfirm = true
 				close(s.confirmed)
+				if len(s.watchers) == 0 { // all left while it was confirmed
+					w.unsubscribe(m.Channel)
+				}
 			}
 		case *goredis.Message:
 			if s := w.subs[m.Channel]; s != nil {
@@ -126,11 +129,11 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		delete(s.watchers, c)
-		if len(s.watchers) == 0 && w.subs[channel] == s && !w.closed {
-			delete(w.subs, channel)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			w.ps.Unsubscribe(ctx, channel)
+		// A subscription not yet confirmed stays until it is (dispatch
+		// then ends it if nobody watches): its confirmation must not be
+		// taken for that of a later SUBSCRIBE of the channel.
+		if len(s.watchers) == 0 && w.subs[channel] == s && s.isConfirm {
+			w.unsubscribe(channel)
 		}
 	})
 	t := time.NewTimer(confirmWait)
@@ -143,6 +146,17 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 		return nil, nil, ctx.Err()
 	}
 	return c, stop, nil
+}
+
+// unsubscribe ends the subscription of channel. w.mu is held.
+func (w *watches) unsubscribe(channel string) {
+	delete(w.subs, channel)
+	if w.closed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	w.ps.Unsubscribe(ctx, channel)
 }
 
 func (w *watches) close() {

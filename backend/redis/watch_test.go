@@ -1,0 +1,59 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/faultproxy"
+	"github.com/lockagent/lockagent/internal/redistest"
+)
+
+// TestWatchAfterAnAbandonedOne: a watch given up before Redis confirmed
+// its SUBSCRIBE, then a new watch of the channel, over a link of 500 ms
+// each way. The confirmation of the first SUBSCRIBE must not pass for the
+// second's: the first is not ended (no UNSUBSCRIBE) while unconfirmed, and
+// the second shares it; otherwise the second watch returned while Redis
+// had the channel unsubscribed (from the UNSUBSCRIBE to the second
+// SUBSCRIBE), and a release published then never reached it. At 500 ms
+// each way (times at Redis): SUBSCRIBE at 0.5 s; the first watch gives up
+// at 0.6 s; the second starts at 0.9 s and returns when the first
+// confirmation comes back, at 1 s; the release is published at 1.25 s,
+// which fell between an UNSUBSCRIBE at 1.1 s and a SUBSCRIBE at 1.4 s.
+func TestWatchAfterAnAbandonedOne(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	px := faultproxy.New(t, srv.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr()})
+	defer c.Close()
+	w := newWatches(c, hclog.NewNullLogger())
+	defer w.close()
+	direct := srv.Client(t)
+	const channel = "wa:lk:{n}:c"
+
+	// The subscription's connection is up (a watch of another channel)
+	// before the link slows down.
+	_, stopWarm, err := w.watch(context.Background(), "wa:warm", "t0")
+	require.NoError(t, err)
+	stopWarm()
+	px.Delay(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	_, _, err = w.watch(ctx, channel, "t1")
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "given up before the confirmation")
+
+	time.Sleep(300 * time.Millisecond) // the race's timing, see above
+	ch, stop, err := w.watch(context.Background(), channel, "t2")
+	require.NoError(t, err)
+	defer stop()
+	time.Sleep(250 * time.Millisecond) // the race's timing, see above
+	require.NoError(t, direct.Publish(context.Background(), channel, "*").Err())
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release published after the watch returned never reached it")
+	}
+}
