@@ -193,6 +193,45 @@ func TestLostAtLocalDeadline(t *testing.T) {
 	})
 }
 
+// TestDegradedEndsWithTheLeasesAtRisk: the backend is degraded while a
+// lease is at risk. When the last one is lost, with no renewal after it
+// to tell, the state clears all the same (the metric and the status
+// follow it), sessions still holding leases are told ok after the lost
+// event, and a later failure is told again.
+func TestDegradedEndsWithTheLeasesAtRisk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, c := openSession(t, a)
+		f.failPrefix.Store("bad")
+		bad := mustAcquire(t, s, agent.AcquireRequest{Name: "bad/1", TTL: 3 * time.Second})
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		assert.False(t, a.Stats().Degraded, "nothing at risk any more")
+		var kinds []string
+		for _, ev := range c.got() {
+			kinds = append(kinds, ev.Kind+":"+ev.State+ev.Reason)
+		}
+		assert.Equal(t, []string{"backend:degraded", "lost:" + agent.ReasonBackendUnavailable}, kinds)
+		require.Equal(t, bad.ID, c.got()[1].Lease)
+
+		// A second outage, with a lease renewing well beside: degraded,
+		// then ok once the lease at risk is lost.
+		mustAcquire(t, s, agent.AcquireRequest{Name: "good", TTL: 3 * time.Second})
+		mustAcquire(t, s, agent.AcquireRequest{Name: "bad/2", TTL: 3 * time.Second})
+		time.Sleep(2 * time.Second)
+		assert.True(t, a.Stats().Degraded)
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		assert.False(t, a.Stats().Degraded)
+		kinds = kinds[:0]
+		for _, ev := range c.got()[2:] {
+			kinds = append(kinds, ev.Kind+":"+ev.State+ev.Reason)
+		}
+		assert.Equal(t, []string{"backend:degraded", "lost:" + agent.ReasonBackendUnavailable, "backend:ok"}, kinds)
+	})
+}
+
 // TestFailedRenewalRetriedAtATenthOfTTL: while renewals fail, a lease's
 // renewal is tried again every tenth of its TTL, on time, although the
 // scheduler had planned to sleep longer (until the deadline, or for a

@@ -105,6 +105,11 @@ func (a *Agent) dropLease(l *lease) {
 	}
 	if l.atRisk {
 		a.atRisk-- // l keeps its flag: lose reads it for the reason
+		if a.atRisk == 0 && a.degraded {
+			// The last lease at risk is gone (lost, released): the
+			// scheduler says so, after this lease's own events.
+			a.kickScheduler()
+		}
 	}
 	if l.camp != nil {
 		l.camp.termEnded(l)
@@ -212,6 +217,9 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 			a.resumed(slept)
 		}
 		a.lastSeen = st
+		if a.atRisk == 0 {
+			a.setDegraded(false)
+		}
 		var healthy, atRisk []*lease
 		for a.sched.len() > 0 {
 			l := a.sched.top()
@@ -420,7 +428,7 @@ func (a *Agent) setDegraded(failed bool) {
 		return
 	}
 	a.degraded = failed
-	ev := Event{Kind: EventBackend, State: "ok", Message: "renewals recovered"}
+	ev := Event{Kind: EventBackend, State: "ok", Message: "no lease is at risk: renewals recovered, or the leases at risk are gone"}
 	if failed {
 		ev = Event{Kind: EventBackend, State: "degraded", Message: "renewals are failing; leases stay valid until their local deadline"}
 		a.log.Warn("backend degraded: renewals are failing")
