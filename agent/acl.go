@@ -106,12 +106,12 @@ func Glob(pattern, name string) bool {
 	star, mark := -1, 0
 	for ni < len(n) {
 		switch {
+		case pi < len(p) && p[pi] == '*': // before a literal: a name may hold a '*'
+			star, mark = pi, ni
+			pi++
 		case pi < len(p) && (p[pi] == '?' || p[pi] == n[ni]):
 			pi++
 			ni++
-		case pi < len(p) && p[pi] == '*':
-			star, mark = pi, ni
-			pi++
 		case star >= 0:
 			mark++
 			pi, ni = star+1, mark

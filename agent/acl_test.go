@@ -31,6 +31,13 @@ func TestGlob(t *testing.T) {
 		{"[a]", "[a]", true}, // no character classes
 		{"[a]", "a", false},
 		{"**", "", true},
+		// A '*' in the name is a character like another.
+		{"*", "*x", true},
+		{"orders/*", "orders/*eu", true},
+		{"a*c", "a*bc", true},
+		{"a*", "a*", true},
+		{"a?c", "a*c", true},
+		{"a*c", "a*b", false},
 	} {
 		assert.Equal(t, tc.match, agent.Glob(tc.pattern, tc.name), "%q ~ %q", tc.pattern, tc.name)
 	}
