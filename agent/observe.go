@@ -49,9 +49,13 @@ func (a *Agent) observeAcquire(mode backend.Mode, start time.Time, res AcquireRe
 		result = ResultPermissionDenied
 	case errors.Is(err, ErrLimitExceeded):
 		result = ResultLimitExceeded
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrSessionEnded):
+		// Both are answered canceled.
 		result = ResultCanceled
-	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrForeignKey):
+	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrClosed),
+		errors.Is(err, backend.ErrForeignKey), errors.Is(err, context.DeadlineExceeded):
+		// The backend failed the request (answered backend_unavailable
+		// or foreign_key).
 		result = ResultError
 		o.BackendError("acquire")
 	case err != nil:

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend"
 )
 
 // TestStats: the snapshot counts sessions, leases and waiters, and says
@@ -41,5 +43,52 @@ func TestStats(t *testing.T) {
 		cancel()
 		synctest.Wait()
 		assert.Equal(t, agent.Stats{Sessions: 2, Leases: 2}, a.Stats())
+	})
+}
+
+// recorder is an Observer that keeps the results of acquires and the ops
+// of backend errors.
+type recorder struct {
+	mu      sync.Mutex
+	results []string
+	errors  []string
+}
+
+func (r *recorder) Acquired(_ backend.Mode, result string, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.results = append(r.results, result)
+}
+func (r *recorder) Renewed(int, time.Duration, int) {}
+func (r *recorder) Lost(string)                     {}
+func (r *recorder) BackendError(op string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errors = append(r.errors, op)
+}
+
+// TestWaitEndedWithTheSessionIsCanceled: a waiting acquire that ends with
+// its session (bye, a dropped connection) is answered canceled, and
+// counted so, not as an error.
+func TestWaitEndedWithTheSessionIsCanceled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		a, _, stop := run(t, agent.Config{Observer: rec})
+		defer stop()
+		holder, _ := openSession(t, a)
+		mustAcquire(t, holder, agent.AcquireRequest{Name: "n"})
+		waiter, c := openSession(t, a)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := waiter.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: -1})
+			errc <- err
+		}()
+		synctest.Wait()
+		waiter.Bye(context.Background(), c)
+		require.ErrorIs(t, <-errc, agent.ErrSessionEnded)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		assert.Equal(t, []string{agent.ResultGranted, agent.ResultCanceled}, rec.results)
+		assert.Empty(t, rec.errors)
 	})
 }
