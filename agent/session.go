@@ -208,13 +208,18 @@ func (s *Session) Detach(conn Conn) {
 	if s.ttl == 0 {
 		gone = append(gone, s.end(false)...)
 	} else {
-		s.expiry = time.AfterFunc(s.ttl, func() {
+		var expiry *time.Timer
+		expiry = time.AfterFunc(s.ttl, func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			if s.conn == nil && !s.ended {
+			// A timer that fired as a resume stopped it is not the
+			// session's any more: after that resume, a new detach has a
+			// timer and a TTL of its own.
+			if s.expiry == expiry && s.conn == nil && !s.ended {
 				a.releaseLater(s.end(false))
 			}
 		})
+		s.expiry = expiry
 	}
 	a.mu.Unlock()
 	// The connection is closed before the backend is asked: its end is the
