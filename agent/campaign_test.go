@@ -96,3 +96,48 @@ func TestResignStopsContending(t *testing.T) {
 		assert.ErrorIs(t, s.Resign(context.Background(), id), agent.ErrNotHeld)
 	})
 }
+
+// TestTermsWhileAway: terms won and lost while a session-scoped campaign's
+// session has no connection leave no events; on resume the session hears
+// that the term it knew ended, then of the term that holds, and of
+// nothing else.
+func TestTermsWhileAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{MaxLeasesPerSession: 2})
+		defer stop()
+		away := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: ptr(time.Hour)}, away)
+		require.NoError(t, err)
+		_, err = s.Campaign(agent.CampaignRequest{Name: "lead", Scope: agent.ScopeSession})
+		require.NoError(t, err)
+		synctest.Wait()
+		s.Detach(away)
+		admin, _ := openSession(t, a)
+		for range 100 { // more terms than the backlog holds events
+			_, err := admin.Break(context.Background(), "lead")
+			require.NoError(t, err)
+			synctest.Wait()
+		}
+		back := &conn{}
+		_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, back)
+		require.NoError(t, err)
+		infos, err := s.List(false)
+		require.NoError(t, err)
+		var term string
+		for _, si := range infos {
+			if si.ID == s.ID() {
+				require.Len(t, si.Campaigns, 1)
+				term = si.Campaigns[0].Lease
+			}
+		}
+		first := away.got()
+		require.Len(t, first, 1)
+		require.Equal(t, agent.EventElected, first[0].Kind)
+		evs := back.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, agent.EventLost, evs[0].Kind)
+		assert.Equal(t, first[0].Lease, evs[0].Lease, "the term the session heard of ended")
+		assert.Equal(t, agent.EventElected, evs[1].Kind)
+		assert.Equal(t, term, evs[1].Lease, "the term that holds")
+	})
+}

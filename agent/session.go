@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 	"unicode/utf8"
@@ -83,7 +84,8 @@ type SessionOptions struct {
 }
 
 // maxBacklog bounds the events kept for a detached session beyond one per
-// lease (each lease is lost at most once).
+// lease (each lease is lost at most once; a term elected and lost while
+// the session is away leaves no event).
 const maxBacklog = 64
 
 // Session is one client's session. Its methods are safe for concurrent use.
@@ -290,6 +292,17 @@ func (s *Session) send(ev Event) {
 	if s.conn != nil {
 		s.conn.Send(ev)
 		return
+	}
+	if ev.Kind == EventLost {
+		// A term the client has not heard of yet ended: it hears of
+		// neither, and a campaign's events stay one per campaign however
+		// many terms pass while it is away.
+		for i, kept := range s.backlog {
+			if kept.Kind == EventElected && kept.Lease == ev.Lease {
+				s.backlog = slices.Delete(s.backlog, i, i+1)
+				return
+			}
+		}
 	}
 	if s.ttl > 0 && len(s.backlog) < s.a.cfg.MaxLeasesPerSession+maxBacklog {
 		s.backlog = append(s.backlog, ev)
