@@ -1147,7 +1147,13 @@ class Client(_Core):
         self._answer_mu = threading.Lock()
         self._stop = threading.Event()
         self._threads = []
-        self._conn = self._open()
+        self._conn = None
+        conn = self._open()
+        with self._cond:
+            if conn.dead:
+                raise AgentConnectionError("the connection to the agent at %s ended as it opened"
+                                           % self.path)
+            self._conn = conn
         if heartbeat and auto_heartbeat:
             self._start_thread(self._beat, "lockagent-heartbeat")
 
@@ -1362,12 +1368,17 @@ class Client(_Core):
                 delay = min(delay * 2, 2.0)
                 continue
             with self._cond:
-                if not self._closed:
+                closed = self._closed
+                if not closed and not conn.dead:
                     self._conn = conn
                     self._cond.notify_all()
                     return
-            self._bye(conn)  # closed meanwhile
-            return
+            if closed:
+                self._bye(conn)  # closed meanwhile
+                return
+            # It ended before it was installed, and found nothing to
+            # reconnect (see _on_conn_end): try again.
+            self._stop.wait(delay)
 
     def _bye(self, conn):
         try:
@@ -1543,7 +1554,11 @@ class AsyncClient(_Core):
         self._opened = True
         self._up = asyncio.Event()
         self._stop = asyncio.Event()
-        self._conn = await self._open()
+        conn = await self._open()
+        if conn.dead:
+            raise AgentConnectionError("the connection to the agent at %s ended as it opened"
+                                       % self.path)
+        self._conn = conn
         self._up.set()
         if self.heartbeat and self.auto_heartbeat:
             self._tasks.append(asyncio.ensure_future(self._beat()))
@@ -1730,6 +1745,14 @@ class AsyncClient(_Core):
             if self._closed:
                 await self._bye(conn)
                 return
+            if conn.dead:
+                # It ended before it was installed, and found nothing to
+                # reconnect (see _on_conn_end): try again.
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+                continue
             self._conn = conn
             self._up.set()
             return

@@ -385,6 +385,29 @@ class HeartbeatTest(AgentTestCase):
 
 
 class ReconnectTest(AgentTestCase):
+    def test_a_connection_that_ends_as_it_opens_is_opened_again(self):
+        # The first reconnection ends right after its hello, before the
+        # client installs it: the client connects again all the same.
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/o", scope="session")
+        opened = c._open
+        died = []
+
+        def open_then_die():
+            conn = opened()
+            if not died:
+                died.append(conn)
+                conn.kill()
+                wait_until(lambda: conn.dead, what="the connection's end to be seen")
+            return conn
+
+        c._open = open_then_die
+        break_connection(c)
+        wait_until(lambda: c._conn is not None and c._conn not in died, 10,
+                   "a live connection to be installed")
+        self.assertTrue(lease.check().held)
+        self.assertEqual(len(died), 1)
+
     def test_broken_connection_loses_connection_leases(self):
         c = self.client()
         lease = c.acquire("r/1")

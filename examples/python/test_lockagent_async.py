@@ -147,6 +147,31 @@ class AsyncOpsTest(AsyncAgentTestCase):
 
 
 class AsyncReconnectTest(AsyncAgentTestCase):
+    async def test_a_connection_that_ends_as_it_opens_is_opened_again(self):
+        # The first reconnection ends right after its hello, before the
+        # client installs it: the client connects again all the same.
+        c = await self.client(session_ttl=30)
+        lease = await c.acquire("r/o", scope="session")
+        opened = c._open
+        died = []
+
+        async def open_then_die():
+            conn = await opened()
+            if not died:
+                died.append(conn)
+                conn.kill()
+                deadline = time.monotonic() + 5
+                while not conn.dead:
+                    self.assertLess(time.monotonic(), deadline, "the connection's end to be seen")
+                    await asyncio.sleep(0.01)
+            return conn
+
+        c._open = open_then_die
+        break_connection(c)
+        self.assertTrue((await asyncio.wait_for(lease.check(), 10)).held)
+        self.assertEqual(len(died), 1)
+        self.assertIsNot(c._conn, died[0])
+
     async def test_resume_after_a_broken_connection(self):
         events = []
         c = await self.client(session_ttl=30, on_event=events.append)
