@@ -84,8 +84,12 @@ type AcquireRequest struct {
 	Ticket string
 	// Deadline, if set, is when the answer stops being of use (the grant
 	// could no longer be handed out). A backend that waits on a network
-	// waits no longer, and never sends the request, or a retry of it,
-	// after it.
+	// waits no longer for the answer, and sends no retry of the request
+	// after it, with one exception: a request that went out with others
+	// in one round trip (Redis's group commit) may be sent again with
+	// them later; Acquire then returns only once the last send is done,
+	// so that what its caller does next (releasing a grant it may have
+	// made) comes after.
 	Deadline time.Time
 }
 

@@ -59,11 +59,12 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 		return c.cmd
 	case <-ctx.Done():
 		// A call still gathering is taken out: it is never sent. One a
-		// pipeline took may be sent, or sent again by go-redis, until the
-		// pipeline returns, which its deadline bounds by the call's own
-		// (batchContext): the caller, who treats the outcome as unknown
-		// and cleans up after it (releases the lease, takes its ticket
-		// out), waits for that, so that no send comes after its cleanup.
+		// pipeline took may be sent, or sent again by go-redis's retry
+		// of the pipeline, until the pipeline returns (bounded by the
+		// latest deadline of its calls): the caller, who treats the
+		// outcome as unknown and cleans up after it (releases the lease
+		// its acquire may have made, takes its ticket out), waits for
+		// that, so that no send comes after its cleanup.
 		b.mu.Lock()
 		n := len(b.queue)
 		b.queue = slices.DeleteFunc(b.queue, func(q *call) bool { return q == c })
@@ -105,38 +106,23 @@ func (b *batcher) drain() {
 			return
 		}
 		b.mu.Unlock()
-		// A call whose caller stopped waiting is not sent at all.
+		// A call whose caller stopped waiting is not sent at all, and
+		// its caller need not wait for the pipeline.
 		live := make([]*call, 0, len(batch))
 		for _, c := range batch {
-			if !over(c.ctx) {
-				live = append(live, c)
+			if over(c.ctx) {
+				close(c.done)
+				continue
 			}
+			live = append(live, c)
 		}
-		var again []*call
 		if len(live) > 0 {
 			ctx, cancel := batchContext(live)
 			b.exec(ctx, live)
-			if ctx.Err() != nil {
-				// The pipeline was cut at the earliest deadline of its
-				// calls: the others failed for that alone, and gather
-				// again (every script is idempotent).
-				for _, c := range live {
-					if c.cmd.Err() != nil && !over(c.ctx) {
-						again = append(again, c)
-					}
-				}
-			}
 			cancel()
 		}
-		for _, c := range batch {
-			if !slices.Contains(again, c) {
-				close(c.done)
-			}
-		}
-		if len(again) > 0 {
-			b.mu.Lock()
-			b.queue = append(again, b.queue...)
-			b.mu.Unlock()
+		for _, c := range live {
+			close(c.done)
 		}
 	}
 }
@@ -148,20 +134,21 @@ func over(ctx context.Context) bool {
 	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }
 
-// batchContext bounds a pipeline by the earliest deadline of its calls,
-// so that neither it nor a retry of it by go-redis is sent after any
-// call's deadline; calls without one take any bound.
+// batchContext bounds a pipeline by the latest deadline of its calls; a
+// call whose own deadline passes first stops waiting for the answer, and
+// waits for the pipeline to return before its caller cleans up (see run).
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	var earliest time.Time
+	var latest time.Time
 	for _, c := range batch {
-		if d, ok := c.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
-			earliest = d
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(context.Background())
+		}
+		if d.After(latest) {
+			latest = d
 		}
 	}
-	if earliest.IsZero() {
-		return context.WithCancel(context.Background())
-	}
-	return context.WithDeadline(context.Background(), earliest)
+	return context.WithDeadline(context.Background(), latest)
 }
 
 // exec sends batch in one pipeline by script digest, and sends again, by
