@@ -74,13 +74,26 @@ func socketDir(dir string) error {
 		}
 		return checkPrivate(dir)
 	}
-	if _, err := os.Stat(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
-		return err
+	// The missing directories, from the first: each gets 0755, which
+	// MkdirAll's would not under a strict umask.
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, d)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if err := os.Chmod(missing[i], 0o755); err != nil {
+			return err
+		}
 	}
-	return os.Chmod(dir, 0o755)
+	return nil
 }
 
 // checkPrivate tells whether dir is a directory (not a link to one) of the
@@ -90,10 +103,13 @@ func checkPrivate(dir string) error {
 	if err != nil {
 		return err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
 	euid := os.Geteuid()
-	if !fi.IsDir() || !ok || int(st.Uid) != euid || fi.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("%s is not a directory private to uid %d (%v, owner %d): remove it, or give the socket another path", dir, euid, fi.Mode(), st.Uid)
+	owner := -1
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		owner = int(st.Uid)
+	}
+	if !fi.IsDir() || owner != euid || fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s is not a directory private to uid %d (%v, owner %d): remove it, or give the socket another path", dir, euid, fi.Mode(), owner)
 	}
 	return nil
 }

@@ -124,9 +124,11 @@ func TestListenMakesItsDirectory(t *testing.T) {
 	ln, err := Listen(filepath.Join(dir, "s"), 0o660, "")
 	require.NoError(t, err)
 	defer ln.Close()
-	fi, err := os.Stat(dir)
-	require.NoError(t, err)
-	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		fi, err := os.Stat(d)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o755), fi.Mode().Perm(), d)
+	}
 }
 
 // TestPrivateSocketDir: the default socket of a user without a runtime

@@ -86,7 +86,10 @@ func TestCancelRacingAGrant(t *testing.T) {
 	a, b := ta.raw(t), ta.raw(t)
 	outcomes := map[string]int{}
 	for range 500 {
-		l := a.ok(`{"id":1,"op":"acquire","name":"r"}`)
+		// The last round's canceled waiter leaves the queue in the
+		// background: the holder waits for it rather than try.
+		l := a.ok(`{"id":1,"op":"acquire","name":"r","wait_ms":5000}`)
+		require.Equal(t, true, l["acquired"])
 		b.send(`{"id":"w","op":"acquire","name":"r","wait_ms":-1}`)
 		require.Eventually(t, func() bool { return waitingCount(t, a) == 1 }, 2*time.Second, time.Millisecond)
 		a.send(fmt.Sprintf(`{"id":2,"op":"release","lease":%q}`, l["lease"]))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -62,15 +61,18 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("list: %w", err)
 		}
 		if *asJSON {
-			// The agent's answer as it came: every field, campaigns
-			// included, and fields of later agents too.
-			var out bytes.Buffer
-			if err := json.Indent(&out, raw, "", "  "); err != nil {
+			// The agent's result as it came: every field, campaigns
+			// included, and fields of later agents too; not the wire's
+			// id and ok.
+			var fields map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &fields); err != nil {
 				return fmt.Errorf("list: %w", err)
 			}
-			out.WriteByte('\n')
-			_, err := out.WriteTo(stdout)
-			return err
+			delete(fields, "id")
+			delete(fields, "ok")
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(fields)
 		}
 		var res listResult
 		if err := json.Unmarshal(raw, &res); err != nil {

@@ -381,6 +381,10 @@ func TestCtlList(t *testing.T) {
 		requireCode(t, 0, r, "ctl list -json")
 		var res listJSON
 		require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), "ctl list -json output:\n%s", r.stdout)
+		var fields map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &fields))
+		require.NotContains(t, fields, "id", "the wire's fields are not the result's")
+		require.NotContains(t, fields, "ok")
 		return res
 	}
 	eventually(t, exitTimeout, "the waiter shows in ctl list -json", func() bool {
