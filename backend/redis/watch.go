@@ -129,12 +129,24 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		delete(s.watchers, c)
+		if len(s.watchers) > 0 || w.subs[channel] != s {
+			return
+		}
+		if s.isConfirm {
+			w.unsubscribe(channel)
+			return
+		}
 		// A subscription not yet confirmed stays until it is (dispatch
 		// then ends it if nobody watches): its confirmation must not be
-		// taken for that of a later SUBSCRIBE of the channel.
-		if len(s.watchers) == 0 && w.subs[channel] == s && s.isConfirm {
-			w.unsubscribe(channel)
-		}
+		// taken for that of a later SUBSCRIBE of the channel. One that
+		// Redis never confirms (a SUBSCRIBE refused) goes after a while.
+		time.AfterFunc(2*confirmWait, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.subs[channel] == s && len(s.watchers) == 0 && !s.isConfirm {
+				w.unsubscribe(channel)
+			}
+		})
 	})
 	t := time.NewTimer(confirmWait)
 	defer t.Stop()
