@@ -772,6 +772,7 @@ class Client extends EventEmitter {
       try {
         await this._call('hello', { ...args, resume: { session: this.session, token: this.resumeToken } },
           { handshake: true, onAnswer: (res) => this._helloDone(res) });
+        await this._checkSessionLeases();
         return;
       } catch (err) {
         if (err.code !== 'session_expired') throw err;
@@ -780,6 +781,25 @@ class Client extends EventEmitter {
       }
     }
     await this._call('hello', args, { handshake: true, onAnswer: (res) => this._helloDone(res) });
+  }
+
+  /**
+   * After a resume, asks after each session-scoped lease the client holds:
+   * a lost event sent to the connection that broke never arrived, and a
+   * lease the session no longer has is lost.
+   */
+  async _checkSessionLeases() {
+    for (const lease of [...this._leases.values()]) {
+      if (lease.scope !== 'session' || !lease.held) continue;
+      let res;
+      try {
+        res = await this._call('check', { lease: lease.id }, { handshake: true });
+      } catch (err) {
+        if (!(err instanceof AgentError) || err.code !== 'not_held') throw err;
+        res = { held: false };
+      }
+      if (!res.held) lease._end(new LeaseLostError(lease, 'expired'));
+    }
   }
 
   /**

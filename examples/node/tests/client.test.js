@@ -379,6 +379,27 @@ describe('against an agent', () => {
     assert.equal(await sessLease.release(), true);
   });
 
+  test('a lost event that went down with the connection is made up for on resume', { timeout: 20000 }, async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const lease = await a.tryAcquire(unique('dropped'), { scope: 'session' });
+    // The lost event reaches a connection that breaks before the client
+    // reads it: the agent delivered it, the client never saw it.
+    const onLine = a._onLine.bind(a);
+    a._onLine = (line) => {
+      if (line.includes('"event":"lost"')) {
+        a._onLine = onLine;
+        a._sock.destroy();
+        return;
+      }
+      onLine(line);
+    };
+    const reconnected = new Promise((r) => a.once('reconnect', r));
+    assert.match(await ctlAt(agent.socket, 'break', lease.name), /1 lease\(s\) broken/);
+    assert.deepEqual(await reconnected, { session: a.session, resumed: true });
+    const err = await lease.ended;
+    assert.equal(err.reason, 'expired', 'the resumed session no longer has it');
+  });
+
   test('events missed while disconnected are delivered on resume', async () => {
     const a = await client({ sessionTtlMs: 10000 });
     const lease = await a.tryAcquire(unique('missed'), { scope: 'session' });
