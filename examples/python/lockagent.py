@@ -492,9 +492,11 @@ class Lease(_LeaseBase):
         if self._ended:
             return False
         try:
-            self._client._call("release", {"lease": self.id})
+            self._client._call("release", {"lease": self.id}, arg=self.id)
         except NotHeld:
-            # Lost meanwhile: the agent's lost event is on its way.
+            # Lost meanwhile (its lost event is on its way), or released
+            # by a call given up on: either way it has ended.
+            self._end(None)
             return False
         self._end(None)
         return True
@@ -554,8 +556,11 @@ class AsyncLease(_LeaseBase):
         if self._ended:
             return False
         try:
-            await self._client._call("release", {"lease": self.id})
+            await self._client._call("release", {"lease": self.id}, arg=self.id)
         except NotHeld:
+            # Lost meanwhile (its lost event is on its way), or released
+            # by a call given up on: either way it has ended.
+            self._end(None)
             return False
         self._end(None)
         return True
@@ -922,10 +927,13 @@ class _Core:
         granted = pending.op == "acquire" and ok and msg.get("acquired")
         started = pending.op == "campaign" and ok and msg.get("campaign")
         if pending.abandoned:
-            # Nobody waits for this grant any more: give it back.
+            # Nobody waits for this grant any more: give it back. A
+            # release, resign or bye given up on was carried out all the
+            # same, and is taken in below.
             if granted:
                 return {"op": "release", "lease": msg["lease"]}
-            return {"op": "resign", "campaign": msg["campaign"]} if started else None
+            if started:
+                return {"op": "resign", "campaign": msg["campaign"]}
         if started:
             args = pending.arg
             campaign = self._campaign_class(self, msg["campaign"], args["name"],

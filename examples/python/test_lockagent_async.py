@@ -146,6 +146,67 @@ class AsyncOpsTest(AsyncAgentTestCase):
         self.assertTrue(silent.closed)
 
 
+class AsyncAbandonTest(AsyncAgentTestCase):
+    async def hold_answers(self, c):
+        """Keep the client's reader from reading until the returned event is set."""
+        go = asyncio.Event()
+        read = c._conn.reader.read
+
+        async def held_read(n):
+            await go.wait()
+            return await read(n)
+
+        c._conn.reader.read = held_read
+        self.addCleanup(go.set)  # so that the client can close
+        # The read in progress is the one before the patch: a ping's answer
+        # ends it, and the reader's next read is held.
+        await c.ping()
+        return go
+
+    async def test_a_release_given_up_on_still_ends_the_lease(self):
+        c = await self.client()
+        other = await self.client()
+        lease = await c.acquire("g/rel")
+        go = await self.hold_answers(c)
+        task = asyncio.ensure_future(lease.release())
+        # The agent has carried it out; its answer waits to be read.
+        deadline = time.monotonic() + 5
+        while (await other.inspect("g/rel")).locked:
+            self.assertLess(time.monotonic(), deadline, "the release to be carried out")
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        go.set()
+        deadline = time.monotonic() + 5
+        while lease.active:
+            self.assertLess(time.monotonic(), deadline, "the lease to end")
+            await asyncio.sleep(0.01)
+        self.assertNotIn(lease, c.leases)
+        self.assertFalse(await lease.release(), "it had ended")
+
+    async def test_a_resign_given_up_on_still_ends_the_campaign(self):
+        c = await self.client()
+        other = await self.client()
+        campaign = await c.campaign("g/lead")
+        await asyncio.wait_for(campaign.wait_elected(), 5)
+        go = await self.hold_answers(c)
+        task = asyncio.ensure_future(campaign.resign())
+        deadline = time.monotonic() + 5
+        while (await other.inspect("g/lead")).locked:
+            self.assertLess(time.monotonic(), deadline, "the resign to be carried out")
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        go.set()
+        deadline = time.monotonic() + 5
+        while not campaign.ended:
+            self.assertLess(time.monotonic(), deadline, "the campaign to end")
+            await asyncio.sleep(0.01)
+        self.assertIsNone(campaign.leader)
+
+
 class AsyncReconnectTest(AsyncAgentTestCase):
     async def test_a_connection_that_ends_as_it_opens_is_opened_again(self):
         # The first reconnection ends right after its hello, before the
