@@ -81,22 +81,28 @@ func (c *Client) Campaign(ctx context.Context, name string, opts CampaignOptions
 	}
 	// The campaign is registered before the line after its answer is
 	// read: its first elected event may be that line.
-	err := c.call(ctx, "campaign", args, nil, func(body []byte) {
-		var r struct {
-			OK       bool   `json:"ok"`
-			Campaign string `json:"campaign"`
-		}
-		if json.Unmarshal(body, &r) != nil || !r.OK {
+	register := func(body []byte) {
+		id := startedCampaign(body)
+		if id == "" {
 			return
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		cp.id = r.Campaign
+		cp.id = id
 		if c.campaigns == nil {
 			c.campaigns = make(map[string]*Campaign)
 		}
 		c.campaigns[cp.id] = cp
-	})
+	}
+	err := c.do(ctx, "campaign", args, nil, pendingCall{hook: register,
+		// Given up before the answer: a campaign the agent started all
+		// the same is resigned, or it would hold the name for as long
+		// as the connection lives.
+		orphan: func(body []byte) {
+			if id := startedCampaign(body); id != "" {
+				c.post("resign", map[string]any{"campaign": id})
+			}
+		}})
 	if err != nil {
 		// Abandoned (ctx) after the agent started it: its events go to
 		// Events from now on.
@@ -108,6 +114,18 @@ func (c *Client) Campaign(ctx context.Context, name string, opts CampaignOptions
 		return nil, err
 	}
 	return cp, nil
+}
+
+// startedCampaign returns the id of the campaign an answer started, or "".
+func startedCampaign(body []byte) string {
+	var r struct {
+		OK       bool   `json:"ok"`
+		Campaign string `json:"campaign"`
+	}
+	if json.Unmarshal(body, &r) != nil || !r.OK {
+		return ""
+	}
+	return r.Campaign
 }
 
 // ID is the campaign's id.
@@ -128,14 +146,17 @@ func (cp *Campaign) Elected() <-chan *Term { return cp.elected }
 // it holds one. The current term ends with reason "resigned".
 func (cp *Campaign) Resign(ctx context.Context) error {
 	c := cp.c
-	return c.call(ctx, "resign", map[string]any{"campaign": cp.ID()}, nil, func([]byte) {
+	resigned := func([]byte) {
 		c.mu.Lock()
 		if c.campaigns[cp.id] == cp {
 			delete(c.campaigns, cp.id)
 		}
 		c.mu.Unlock()
 		cp.finish("resigned")
-	})
+	}
+	// Given up before the answer, the resign is carried out all the same:
+	// its answer still ends the campaign here.
+	return c.do(ctx, "resign", map[string]any{"campaign": cp.ID()}, nil, pendingCall{hook: resigned, orphan: resigned})
 }
 
 // deliver applies one event of the campaign. It runs on the reading

@@ -448,3 +448,65 @@ func TestClientAbandonedGrant(t *testing.T) {
 	assert.Equal(t, "l_next", r.l.ID)
 	assert.Equal(t, uint64(8), r.l.Token)
 }
+
+// TestClientAbandonedCampaign: a campaign whose caller gave up before the
+// answer, and which the agent started all the same, is resigned.
+func TestClientAbandonedCampaign(t *testing.T) {
+	path, accept := startScripted(t)
+	ctx := context.Background()
+	c, err := socketapi.Dial(ctx, path)
+	require.NoError(t, err)
+	defer c.Close()
+	p := accept()
+
+	short, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Campaign(short, "ac/1", socketapi.CampaignOptions{})
+		errc <- err
+	}()
+	camp := p.expect("campaign")
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	p.send(`{"id":%v,"ok":true,"campaign":"c_late"}`, camp["id"])
+	assert.Equal(t, "c_late", p.expect("resign")["campaign"])
+}
+
+// TestClientAbandonedResign: a resign whose caller gave up before the
+// answer is carried out by the agent all the same; its answer still ends
+// the campaign and its term.
+func TestClientAbandonedResign(t *testing.T) {
+	path, accept := startScripted(t)
+	ctx := context.Background()
+	c, err := socketapi.Dial(ctx, path)
+	require.NoError(t, err)
+	defer c.Close()
+	p := accept()
+
+	cpc := make(chan *socketapi.Campaign, 1)
+	go func() {
+		cp, err := c.Campaign(ctx, "ar/1", socketapi.CampaignOptions{})
+		assert.NoError(t, err)
+		cpc <- cp
+	}()
+	p.send(`{"id":%v,"ok":true,"campaign":"c_1"}`, p.expect("campaign")["id"])
+	cp := <-cpc
+	p.send(`{"event":"elected","campaign":"c_1","name":"ar/1","lease":"l_1","token":1}`)
+	term := <-cp.Elected()
+
+	short, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- cp.Resign(short) }()
+	resign := p.expect("resign")
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	p.send(`{"id":%v,"ok":true,"resigned":true}`, resign["id"])
+	select {
+	case <-term.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the term did not end with the resign's answer")
+	}
+	assert.Equal(t, "resigned", term.Reason())
+	_, open := <-cp.Elected()
+	assert.False(t, open, "the campaign ended")
+}
