@@ -786,7 +786,8 @@ class Client extends EventEmitter {
   /**
    * After a resume, asks after each session-scoped lease the client holds:
    * a lost event sent to the connection that broke never arrived, and a
-   * lease the session no longer has is lost.
+   * lease the session no longer has is lost. Then gives back the leases of
+   * the session it does not know.
    */
   async _checkSessionLeases() {
     for (const lease of [...this._leases.values()]) {
@@ -799,6 +800,19 @@ class Client extends EventEmitter {
         res = { held: false };
       }
       if (!res.held) lease._end(new LeaseLostError(lease, 'expired'));
+    }
+    // A lease the session has and the client does not know was granted to
+    // a request whose answer went down with the connection: give it back.
+    const listing = await this._call('list', {}, { handshake: true });
+    const mine = (listing.sessions ?? []).find((s) => s.session === this.session);
+    const terms = new Set((mine?.campaigns ?? []).map((c) => c.lease));
+    for (const { lease } of mine?.leases ?? []) {
+      if (this._leases.has(lease) || terms.has(lease)) continue;
+      try {
+        await this._call('release', { lease }, { handshake: true });
+      } catch (err) {
+        if (!(err instanceof AgentError) || err.code !== 'not_held') throw err;
+      }
     }
   }
 

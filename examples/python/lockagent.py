@@ -1047,6 +1047,19 @@ class _Core:
         with self._mu:
             return [lease for lease in self._leases.values() if lease.scope == "session"]
 
+    def _strays(self, listing):
+        """The leases of the resumed session that the client does not know:
+        granted to a request whose answer went down with the connection."""
+        with self._mu:
+            known = set(self._leases)
+        for session in listing.get("sessions") or []:
+            if session.get("session") != self.session:
+                continue
+            terms = {c.get("lease") for c in session.get("campaigns") or []}
+            return [lease["lease"] for lease in session.get("leases") or []
+                    if lease["lease"] not in known and lease["lease"] not in terms]
+        return []
+
     def _forget(self, lease):
         """A resumed session no longer has ``lease``, and no event said why
         (it was sent to the connection that broke): it is lost."""
@@ -1309,6 +1322,11 @@ class Client(_Core):
                         self._call_on(conn, "check", {"lease": lease.id})
                     except NotHeld:
                         self._forget(lease)
+                for stray in self._strays(self._call_on(conn, "list", {})):
+                    try:
+                        self._call_on(conn, "release", {"lease": stray})
+                    except NotHeld:
+                        pass
         except BaseException:
             conn.kill()
             raise
@@ -1674,6 +1692,11 @@ class AsyncClient(_Core):
                         await self._call_on(conn, "check", {"lease": lease.id})
                     except NotHeld:
                         self._forget(lease)
+                for stray in self._strays(await self._call_on(conn, "list", {})):
+                    try:
+                        await self._call_on(conn, "release", {"lease": stray})
+                    except NotHeld:
+                        pass
         except BaseException:
             conn.kill()
             raise

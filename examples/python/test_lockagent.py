@@ -385,6 +385,29 @@ class HeartbeatTest(AgentTestCase):
 
 
 class ReconnectTest(AgentTestCase):
+    def test_a_grant_lost_with_the_connection_is_given_back_on_resume(self):
+        # The agent grants a session-scoped acquire, and the connection
+        # breaks before the client reads the answer: after the resume, the
+        # session holds a lease the client never heard of; it gives it back.
+        c = self.client(session_ttl=30)
+        other = self.client()
+        on_answer = c._on_answer
+
+        def drop_grant(conn, msg):
+            if msg.get("acquired"):
+                c._on_answer = on_answer
+                conn.kill()
+                return
+            on_answer(conn, msg)
+
+        c._on_answer = drop_grant
+        with self.assertRaises(lockagent.AgentConnectionError):
+            c.acquire("r/stray", scope="session")
+        wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")
+        wait_until(lambda: not other.inspect("r/stray").locked, 10,
+                   "the stray lease to be given back")
+        self.assertEqual(c.leases, [])
+
     def test_a_connection_that_ends_as_it_opens_is_opened_again(self):
         # The first reconnection ends right after its hello, before the
         # client installs it: the client connects again all the same.

@@ -208,6 +208,28 @@ class AsyncAbandonTest(AsyncAgentTestCase):
 
 
 class AsyncReconnectTest(AsyncAgentTestCase):
+    async def test_a_grant_lost_with_the_connection_is_given_back_on_resume(self):
+        c = await self.client(session_ttl=30)
+        other = await self.client()
+        on_answer = c._on_answer
+
+        def drop_grant(conn, msg):
+            if msg.get("acquired"):
+                c._on_answer = on_answer
+                conn.kill()
+                return
+            on_answer(conn, msg)
+
+        c._on_answer = drop_grant
+        with self.assertRaises(lockagent.AgentConnectionError):
+            await c.acquire("r/stray", scope="session")
+        deadline = time.monotonic() + 10
+        while (await other.inspect("r/stray")).locked:
+            self.assertLess(time.monotonic(), deadline, "the stray lease to be given back")
+            await asyncio.sleep(0.02)
+        self.assertTrue(c.resumed)
+        self.assertEqual(c.leases, [])
+
     async def test_a_connection_that_ends_as_it_opens_is_opened_again(self):
         # The first reconnection ends right after its hello, before the
         # client installs it: the client connects again all the same.

@@ -379,6 +379,26 @@ describe('against an agent', () => {
     assert.equal(await sessLease.release(), true);
   });
 
+  test('a grant that went down with the connection is given back on resume', { timeout: 20000 }, async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const b = await client();
+    const name = unique('stray');
+    const onLine = a._onLine.bind(a);
+    a._onLine = (line) => {
+      if (line.includes('"acquired":true')) {
+        a._onLine = onLine;
+        a._sock.destroy();
+        return;
+      }
+      onLine(line);
+    };
+    const reconnected = new Promise((r) => a.once('reconnect', r));
+    await assert.rejects(a.tryAcquire(name, { scope: 'session' }), { name: 'ConnectionError' });
+    assert.deepEqual(await reconnected, { session: a.session, resumed: true });
+    await waitFor(async () => (await b.inspect(name)).locked === false, { what: 'the stray lease to be given back' });
+    assert.equal(a.leases.length, 0);
+  });
+
   test('a lost event that went down with the connection is made up for on resume', { timeout: 20000 }, async () => {
     const a = await client({ sessionTtlMs: 10000 });
     const lease = await a.tryAcquire(unique('dropped'), { scope: 'session' });
