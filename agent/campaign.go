@@ -116,14 +116,28 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 	defer a.wg.Done()
 	defer close(c.done)
 	for {
-		_, err := c.s.acquire(ctx, c.req, c, time.Now())
+		// Each term is a new grant, under the rules of the moment: a
+		// campaign the rules no longer allow (reloaded) stops contending
+		// until they do again.
+		a.mu.Lock()
+		peer := c.s.peer
+		a.mu.Unlock()
+		err := a.allow(peer, c.req.Name, backend.Exclusive)
+		if err == nil {
+			_, err = c.s.acquire(ctx, c.req, c, time.Now())
+		}
 		switch {
 		case ctx.Err() != nil, errors.Is(err, ErrShuttingDown), errors.Is(err, ErrSessionEnded):
 			return
 		case err != nil:
-			// The backend failed (or the agent's waiters are at their
-			// limit): the campaign never gives up on its own.
-			a.log.Warn("campaign attempt failed; contending again", "name", c.req.Name, "campaign", c.id, "error", err)
+			// The backend failed, the agent's waiters are at their limit
+			// or the rules deny it: the campaign never gives up on its
+			// own.
+			if errors.Is(err, ErrPermissionDenied) {
+				a.log.Debug("campaign not allowed by the rules; waiting", "name", c.req.Name, "campaign", c.id)
+			} else {
+				a.log.Warn("campaign attempt failed; contending again", "name", c.req.Name, "campaign", c.id, "error", err)
+			}
 			t := time.NewTimer(min(c.req.TTL/3, campaignBackoff))
 			select {
 			case <-ctx.Done():

@@ -141,3 +141,31 @@ func TestTermsWhileAway(t *testing.T) {
 		assert.Equal(t, term, evs[1].Lease, "the term that holds")
 	})
 }
+
+// TestCampaignUnderReloadedRules: each term is a new grant under the rules
+// of the moment. A campaign the reloaded rules no longer allow wins no new
+// term, and contends again once they allow it again.
+func TestCampaignUnderReloadedRules(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{})
+		defer stop()
+		c := &conn{}
+		s, err := a.Open(agent.Peer{UID: 1000, GID: 1000}, agent.SessionOptions{}, c)
+		require.NoError(t, err)
+		_, err = s.Campaign(agent.CampaignRequest{Name: "lead"})
+		require.NoError(t, err)
+		synctest.Wait()
+		require.Len(t, kinds(c.got(), agent.EventElected), 1)
+
+		a.SetAccess(agent.Access{Rules: []agent.Rule{{Pattern: "other/*"}}})
+		admin, _ := openSession(t, a)
+		_, err = admin.Break(context.Background(), "lead")
+		require.NoError(t, err)
+		time.Sleep(time.Minute)
+		assert.Len(t, kinds(c.got(), agent.EventElected), 1, "no new term while the rules deny it")
+
+		a.SetAccess(agent.Access{})
+		time.Sleep(2 * time.Second)
+		assert.Len(t, kinds(c.got(), agent.EventElected), 2, "contends again once allowed")
+	})
+}
