@@ -264,13 +264,20 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
-		ended, closing := w.s.ended, a.closing
+		ended, closing, peer := w.s.ended, a.closing, w.s.peer
 		a.mu.Unlock()
 		switch {
 		case closing:
 			return AcquireResult{}, ErrShuttingDown
 		case ended:
 			return AcquireResult{}, ErrSessionEnded
+		}
+		if ok && w.camp != nil {
+			// A campaign's term is granted under the rules of the moment,
+			// also to a campaign that queued before a reload.
+			if err := a.allow(peer, w.req.Name, backend.Exclusive); err != nil {
+				return AcquireResult{}, err
+			}
 		}
 		if ok {
 			if freed == nil {

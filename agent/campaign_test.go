@@ -169,3 +169,31 @@ func TestCampaignUnderReloadedRules(t *testing.T) {
 		assert.Len(t, kinds(c.got(), agent.EventElected), 2, "contends again once allowed")
 	})
 }
+
+// TestQueuedCampaignUnderReloadedRules: a campaign that queued behind the
+// leader before a reload that denies it does not win the next term.
+func TestQueuedCampaignUnderReloadedRules(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{})
+		defer stop()
+		lc, qc := &conn{}, &conn{}
+		leader, err := a.Open(agent.Peer{UID: 1000, GID: 1000}, agent.SessionOptions{}, lc)
+		require.NoError(t, err)
+		queued, err := a.Open(agent.Peer{UID: 1001, GID: 1001}, agent.SessionOptions{}, qc)
+		require.NoError(t, err)
+		_, err = leader.Campaign(agent.CampaignRequest{Name: "lead"})
+		require.NoError(t, err)
+		synctest.Wait()
+		_, err = queued.Campaign(agent.CampaignRequest{Name: "lead"})
+		require.NoError(t, err)
+		synctest.Wait()
+
+		a.SetAccess(agent.Access{Rules: []agent.Rule{{Pattern: "lead", UIDs: []uint32{1000}}}})
+		admin, _ := openSession(t, a)
+		_, err = admin.Break(context.Background(), "lead")
+		require.NoError(t, err)
+		time.Sleep(time.Minute)
+		assert.Empty(t, kinds(qc.got(), agent.EventElected), "the denied campaign won a term")
+		assert.Len(t, kinds(lc.got(), agent.EventElected), 2, "the allowed one leads again")
+	})
+}

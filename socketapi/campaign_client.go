@@ -155,8 +155,14 @@ func (cp *Campaign) Resign(ctx context.Context) error {
 		cp.finish("resigned")
 	}
 	// Given up before the answer, the resign is carried out all the same:
-	// its answer still ends the campaign here.
-	return c.do(ctx, "resign", map[string]any{"campaign": cp.ID()}, nil, pendingCall{hook: resigned, orphan: resigned})
+	// its answer still ends the campaign here (not the connection's end,
+	// which ends it on its own).
+	orphan := func(body []byte) {
+		if body != nil {
+			resigned(body)
+		}
+	}
+	return c.do(ctx, "resign", map[string]any{"campaign": cp.ID()}, nil, pendingCall{hook: resigned, orphan: orphan})
 }
 
 // deliver applies one event of the campaign. It runs on the reading

@@ -750,6 +750,10 @@ class Client extends EventEmitter {
       sock.destroy();
       throw err;
     }
+    // Connected once the handshake (a resume's checks included) is done:
+    // until then the application's calls wait, and a break is the
+    // handshake's to handle.
+    this._connected = true;
     if (this._closed) {
       this._connected = false;
       sock.destroy();
@@ -796,22 +800,37 @@ class Client extends EventEmitter {
       try {
         res = await this._call('check', { lease: lease.id }, { handshake: true });
       } catch (err) {
-        if (!(err instanceof AgentError) || err.code !== 'not_held') throw err;
-        res = { held: false };
+        if (!(err instanceof AgentError)) throw err;
+        // The backend cannot say now (backend_unavailable): the lease
+        // stays, and its renewals or a later check tell.
+        res = { held: err.code !== 'not_held' };
       }
       if (!res.held) lease._end(new LeaseLostError(lease, 'expired'));
     }
     // A lease the session has and the client does not know was granted to
     // a request whose answer went down with the connection: give it back.
+    // A campaign started so is resigned, which ends its term too.
     const listing = await this._call('list', {}, { handshake: true });
     const mine = (listing.sessions ?? []).find((s) => s.session === this.session);
-    const terms = new Set((mine?.campaigns ?? []).map((c) => c.lease));
+    const terms = new Set();
+    for (const c of mine?.campaigns ?? []) {
+      if (this._campaigns.has(c.campaign)) {
+        if (c.lease) terms.add(c.lease);
+        continue;
+      }
+      try {
+        await this._call('resign', { campaign: c.campaign }, { handshake: true });
+      } catch (err) {
+        if (!(err instanceof AgentError)) throw err;
+      }
+      if (c.lease) terms.add(c.lease);
+    }
     for (const { lease } of mine?.leases ?? []) {
       if (this._leases.has(lease) || terms.has(lease)) continue;
       try {
         await this._call('release', { lease }, { handshake: true });
       } catch (err) {
-        if (!(err instanceof AgentError) || err.code !== 'not_held') throw err;
+        if (!(err instanceof AgentError)) throw err;
       }
     }
   }
@@ -821,7 +840,6 @@ class Client extends EventEmitter {
    * that may follow it (those missed while the session was detached).
    */
   _helloDone(res) {
-    this._connected = true;
     this.session = res.session;
     this.resumeToken = res.resume_token;
     this.agent = {

@@ -1048,16 +1048,23 @@ class _Core:
             return [lease for lease in self._leases.values() if lease.scope == "session"]
 
     def _strays(self, listing):
-        """The leases of the resumed session that the client does not know:
-        granted to a request whose answer went down with the connection."""
+        """What the resumed session has and the client does not know, started
+        by a request whose answer went down with the connection: a list of
+        requests that give it back (a campaign's resign ends its term too)."""
         with self._mu:
-            known = set(self._leases)
+            known, campaigns = set(self._leases), set(self._campaigns)
         for session in listing.get("sessions") or []:
             if session.get("session") != self.session:
                 continue
-            terms = {c.get("lease") for c in session.get("campaigns") or []}
-            return [lease["lease"] for lease in session.get("leases") or []
-                    if lease["lease"] not in known and lease["lease"] not in terms]
+            give_back, terms = [], set()
+            for c in session.get("campaigns") or []:
+                terms.add(c.get("lease"))
+                if c.get("campaign") not in campaigns:
+                    give_back.append(("resign", {"campaign": c.get("campaign")}))
+            for lease in session.get("leases") or []:
+                if lease["lease"] not in known and lease["lease"] not in terms:
+                    give_back.append(("release", {"lease": lease["lease"]}))
+            return give_back
         return []
 
     def _forget(self, lease):
@@ -1322,10 +1329,12 @@ class Client(_Core):
                         self._call_on(conn, "check", {"lease": lease.id})
                     except NotHeld:
                         self._forget(lease)
-                for stray in self._strays(self._call_on(conn, "list", {})):
+                    except ProtocolError:
+                        pass  # the backend cannot say now: renewals will
+                for op, args in self._strays(self._call_on(conn, "list", {})):
                     try:
-                        self._call_on(conn, "release", {"lease": stray})
-                    except NotHeld:
+                        self._call_on(conn, op, args)
+                    except ProtocolError:
                         pass
         except BaseException:
             conn.kill()
@@ -1692,10 +1701,12 @@ class AsyncClient(_Core):
                         await self._call_on(conn, "check", {"lease": lease.id})
                     except NotHeld:
                         self._forget(lease)
-                for stray in self._strays(await self._call_on(conn, "list", {})):
+                    except ProtocolError:
+                        pass  # the backend cannot say now: renewals will
+                for op, args in self._strays(await self._call_on(conn, "list", {})):
                     try:
-                        await self._call_on(conn, "release", {"lease": stray})
-                    except NotHeld:
+                        await self._call_on(conn, op, args)
+                    except ProtocolError:
                         pass
         except BaseException:
             conn.kill()

@@ -385,6 +385,27 @@ class HeartbeatTest(AgentTestCase):
 
 
 class ReconnectTest(AgentTestCase):
+    def test_a_campaign_started_for_nobody_is_resigned_on_resume(self):
+        c = self.client(session_ttl=30)
+        other = self.client()
+        on_answer = c._on_answer
+
+        def drop_start(conn, msg):
+            if msg.get("campaign"):
+                c._on_answer = on_answer
+                conn.kill()
+                return
+            on_answer(conn, msg)
+
+        c._on_answer = drop_start
+        with self.assertRaises(lockagent.AgentConnectionError):
+            c.campaign("r/lead", scope="session")
+        wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")
+        wait_until(lambda: not other.inspect("r/lead").locked, 10,
+                   "the stray campaign to be resigned")
+        sessions = [s for s in other.list_sessions() if s["session"] == c.session]
+        self.assertEqual(sessions[0]["campaigns"], [])
+
     def test_a_grant_lost_with_the_connection_is_given_back_on_resume(self):
         # The agent grants a session-scoped acquire, and the connection
         # breaks before the client reads the answer: after the resume, the

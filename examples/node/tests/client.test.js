@@ -379,6 +379,31 @@ describe('against an agent', () => {
     assert.equal(await sessLease.release(), true);
   });
 
+  test('a resume whose check the backend cannot answer keeps the lease, and reconnects once', { timeout: 20000 }, async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const lease = await a.tryAcquire(unique('unsure'), { scope: 'session' });
+    const call = a._call.bind(a);
+    let refused = 0;
+    a._call = (op, args, opts) => {
+      if (op === 'check' && opts?.handshake) {
+        refused++;
+        return Promise.reject(new lockagent.AgentError('check', { code: 'backend_unavailable', message: 'down' }));
+      }
+      return call(op, args, opts);
+    };
+    let reconnects = 0;
+    a.on('reconnect', () => reconnects++);
+    const reconnected = new Promise((r) => a.once('reconnect', r));
+    a._sock.destroy();
+    await reconnected;
+    await new Promise((r) => setTimeout(r, 300)); // room for a second reconnect, were there one
+    assert.equal(refused, 1, 'one resume, its check refused');
+    assert.equal(reconnects, 1);
+    assert.equal(lease.held, true, 'the backend could not say: the lease stays');
+    a._call = call;
+    assert.equal((await lease.check()).held, true);
+  });
+
   test('a grant that went down with the connection is given back on resume', { timeout: 20000 }, async () => {
     const a = await client({ sessionTtlMs: 10000 });
     const b = await client();
