@@ -56,6 +56,21 @@ def wait_until(predicate, timeout=5.0, what="the condition"):
         time.sleep(0.005)
 
 
+def drop_answer_with_connection(client, pick):
+    """Break the client's connection as the first answer ``pick`` accepts
+    arrives, unread: as if the connection broke just before it."""
+    on_answer = client._on_answer
+
+    def drop(conn, msg):
+        if pick(msg):
+            client._on_answer = on_answer
+            conn.kill()
+            return
+        on_answer(conn, msg)
+
+    client._on_answer = drop
+
+
 def can_connect(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -10,7 +10,7 @@ import unittest
 from unittest import mock
 
 import lockagent
-from harness import AgentTestCase, break_connection, wait_until
+from harness import AgentTestCase, break_connection, drop_answer_with_connection, wait_until
 
 
 def detached(client, session):
@@ -388,16 +388,7 @@ class ReconnectTest(AgentTestCase):
     def test_a_campaign_started_for_nobody_is_resigned_on_resume(self):
         c = self.client(session_ttl=30)
         other = self.client()
-        on_answer = c._on_answer
-
-        def drop_start(conn, msg):
-            if msg.get("campaign"):
-                c._on_answer = on_answer
-                conn.kill()
-                return
-            on_answer(conn, msg)
-
-        c._on_answer = drop_start
+        drop_answer_with_connection(c, lambda msg: msg.get("campaign"))
         with self.assertRaises(lockagent.AgentConnectionError):
             c.campaign("r/lead", scope="session")
         wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")
@@ -412,16 +403,7 @@ class ReconnectTest(AgentTestCase):
         # session holds a lease the client never heard of; it gives it back.
         c = self.client(session_ttl=30)
         other = self.client()
-        on_answer = c._on_answer
-
-        def drop_grant(conn, msg):
-            if msg.get("acquired"):
-                c._on_answer = on_answer
-                conn.kill()
-                return
-            on_answer(conn, msg)
-
-        c._on_answer = drop_grant
+        drop_answer_with_connection(c, lambda msg: msg.get("acquired"))
         with self.assertRaises(lockagent.AgentConnectionError):
             c.acquire("r/stray", scope="session")
         wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")

@@ -5,7 +5,7 @@ import time
 import unittest
 
 import lockagent
-from harness import Agent, break_connection
+from harness import Agent, break_connection, drop_answer_with_connection
 
 
 async def eventually(predicate, timeout=5.0, what="the condition"):
@@ -31,6 +31,20 @@ class AsyncAgentTestCase(unittest.IsolatedAsyncioTestCase):
         c = await lockagent.AsyncClient.connect(self.agent.socket, **kwargs)
         self.addAsyncCleanup(c.close)
         return c
+
+    @staticmethod
+    def unlocked(client, name):
+        """A predicate for eventually: name is not locked."""
+        async def predicate():
+            return not (await client.inspect(name)).locked
+        return predicate
+
+    @staticmethod
+    def ended(test):
+        """A predicate for eventually from a plain one."""
+        async def predicate():
+            return test()
+        return predicate
 
     async def waiting(self, client, name):
         return any(w["name"] == name for s in await client.list_sessions() for w in s["waiting"])
@@ -170,18 +184,12 @@ class AsyncAbandonTest(AsyncAgentTestCase):
         go = await self.hold_answers(c)
         task = asyncio.ensure_future(lease.release())
         # The agent has carried it out; its answer waits to be read.
-        deadline = time.monotonic() + 5
-        while (await other.inspect("g/rel")).locked:
-            self.assertLess(time.monotonic(), deadline, "the release to be carried out")
-            await asyncio.sleep(0.01)
+        await eventually(self.unlocked(other, "g/rel"), what="the release to be carried out")
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
         go.set()
-        deadline = time.monotonic() + 5
-        while lease.active:
-            self.assertLess(time.monotonic(), deadline, "the lease to end")
-            await asyncio.sleep(0.01)
+        await eventually(self.ended(lambda: not lease.active), what="the lease to end")
         self.assertNotIn(lease, c.leases)
         self.assertFalse(await lease.release(), "it had ended")
 
@@ -192,18 +200,12 @@ class AsyncAbandonTest(AsyncAgentTestCase):
         await asyncio.wait_for(campaign.wait_elected(), 5)
         go = await self.hold_answers(c)
         task = asyncio.ensure_future(campaign.resign())
-        deadline = time.monotonic() + 5
-        while (await other.inspect("g/lead")).locked:
-            self.assertLess(time.monotonic(), deadline, "the resign to be carried out")
-            await asyncio.sleep(0.01)
+        await eventually(self.unlocked(other, "g/lead"), what="the resign to be carried out")
         task.cancel()
         with self.assertRaises(asyncio.CancelledError):
             await task
         go.set()
-        deadline = time.monotonic() + 5
-        while not campaign.ended:
-            self.assertLess(time.monotonic(), deadline, "the campaign to end")
-            await asyncio.sleep(0.01)
+        await eventually(self.ended(lambda: campaign.ended), what="the campaign to end")
         self.assertIsNone(campaign.leader)
 
 
@@ -211,22 +213,10 @@ class AsyncReconnectTest(AsyncAgentTestCase):
     async def test_a_grant_lost_with_the_connection_is_given_back_on_resume(self):
         c = await self.client(session_ttl=30)
         other = await self.client()
-        on_answer = c._on_answer
-
-        def drop_grant(conn, msg):
-            if msg.get("acquired"):
-                c._on_answer = on_answer
-                conn.kill()
-                return
-            on_answer(conn, msg)
-
-        c._on_answer = drop_grant
+        drop_answer_with_connection(c, lambda msg: msg.get("acquired"))
         with self.assertRaises(lockagent.AgentConnectionError):
             await c.acquire("r/stray", scope="session")
-        deadline = time.monotonic() + 10
-        while (await other.inspect("r/stray")).locked:
-            self.assertLess(time.monotonic(), deadline, "the stray lease to be given back")
-            await asyncio.sleep(0.02)
+        await eventually(self.unlocked(other, "r/stray"), 10, "the stray lease to be given back")
         self.assertTrue(c.resumed)
         self.assertEqual(c.leases, [])
 
@@ -243,10 +233,7 @@ class AsyncReconnectTest(AsyncAgentTestCase):
             if not died:
                 died.append(conn)
                 conn.kill()
-                deadline = time.monotonic() + 5
-                while not conn.dead:
-                    self.assertLess(time.monotonic(), deadline, "the connection's end to be seen")
-                    await asyncio.sleep(0.01)
+                await eventually(self.ended(lambda: conn.dead), what="the connection's end to be seen")
             return conn
 
         c._open = open_then_die
