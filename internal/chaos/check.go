@@ -93,6 +93,12 @@ func (r *run) check() *Report {
 	var grants []lockcheck.Grant
 	calls := map[int][2]int64{} // lease number -> its acquire's [call, return]
 	byLease := map[string]*opRec{}
+	lostFirst := map[string]int64{} // lease id -> when its lost event came
+	for _, e := range r.lost {
+		if at, seen := lostFirst[e.lease]; !seen || e.at < at {
+			lostFirst[e.lease] = e.at
+		}
+	}
 	for _, op := range r.ops {
 		if op.outcome == none {
 			continue
@@ -203,6 +209,14 @@ func (r *run) check() *Report {
 				h.Add(first.span[0], first.span[1], lockcheck.LeaseInput{Kind: lockcheck.LeaseEnd, Name: op.name, Client: op.session,
 					Lease: op.seq, Note: first.how}, lockcheck.LeaseOutput{})
 			}
+		}
+		// A lease the agent reported lost before it answered its release
+		// (events and answers come in order on one connection) is
+		// released as not_held: the lost event says its id is dead.
+		if lostAt, was := lostFirst[op.leaseID]; was && op.relOutcome == ok && lostAt < op.relRet {
+			rep.Violations = append(rep.Violations, lockcheck.Violation{Name: op.name, Check: "events", At: op.relRet,
+				Detail: fmt.Sprintf("lease #%d (agent %d) was reported lost at %v, then its release was answered released:true at %v; after lost it must be not_held",
+					op.seq, op.agent, time.Duration(lostAt), time.Duration(op.relRet))})
 		}
 		// C1: a release sent while the agent was stopped, answered after
 		// SIGCONT when the stop had outlasted the TTL, is of a lease past
