@@ -405,13 +405,20 @@ func (p *scripted) send(format string, args ...any) {
 // TestClientAbandonedGrant: a grant that arrives after its Acquire gave
 // up is released, and a later Acquire of the name waits for that release
 // (else it would be refused as already held).
-func TestClientAbandonedGrant(t *testing.T) {
+// dialScripted connects a client to a scripted agent and returns both
+// ends; the client is closed at the end of the test.
+func dialScripted(t *testing.T) (*socketapi.Client, *scripted) {
+	t.Helper()
 	path, accept := startScripted(t)
-	ctx := context.Background()
-	c, err := socketapi.Dial(ctx, path)
+	c, err := socketapi.Dial(context.Background(), path)
 	require.NoError(t, err)
-	defer c.Close()
-	p := accept()
+	t.Cleanup(func() { c.Close() })
+	return c, accept()
+}
+
+func TestClientAbandonedGrant(t *testing.T) {
+	c, p := dialScripted(t)
+	ctx := context.Background()
 
 	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
@@ -452,12 +459,8 @@ func TestClientAbandonedGrant(t *testing.T) {
 // TestClientAbandonedCampaign: a campaign whose caller gave up before the
 // answer, and which the agent started all the same, is resigned.
 func TestClientAbandonedCampaign(t *testing.T) {
-	path, accept := startScripted(t)
+	c, p := dialScripted(t)
 	ctx := context.Background()
-	c, err := socketapi.Dial(ctx, path)
-	require.NoError(t, err)
-	defer c.Close()
-	p := accept()
 
 	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
@@ -476,12 +479,8 @@ func TestClientAbandonedCampaign(t *testing.T) {
 // answer is carried out by the agent all the same; its answer still ends
 // the campaign and its term.
 func TestClientAbandonedResign(t *testing.T) {
-	path, accept := startScripted(t)
+	c, p := dialScripted(t)
 	ctx := context.Background()
-	c, err := socketapi.Dial(ctx, path)
-	require.NoError(t, err)
-	defer c.Close()
-	p := accept()
 
 	cpc := make(chan *socketapi.Campaign, 1)
 	go func() {
