@@ -107,10 +107,17 @@ func (b *batcher) drain() {
 		}
 		b.mu.Unlock()
 		// A call whose caller stopped waiting is not sent at all, and
-		// its caller need not wait for the pipeline.
+		// its caller need not wait for the pipeline. One whose deadline
+		// passed before its context says so gets the context's error
+		// all the same: its caller may see done first.
 		live := make([]*call, 0, len(batch))
 		for _, c := range batch {
 			if over(c.ctx) {
+				c.cmd = goredis.NewCmd(c.ctx)
+				c.cmd.SetErr(context.DeadlineExceeded)
+				if err := c.ctx.Err(); err != nil {
+					c.cmd.SetErr(err)
+				}
 				close(c.done)
 				continue
 			}

@@ -193,6 +193,40 @@ func TestBatchOnReplica(t *testing.T) {
 	}
 }
 
+// TestCallPastItsDeadline: a gathered call whose deadline has passed
+// when its pipeline goes, before its context says so, is not sent, and
+// its caller, woken by the drain, gets the deadline's error.
+func TestCallPastItsDeadline(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	b := &batcher{c: c}
+	script := goredis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1])`)
+
+	b.inFlight = maxInFlight // as many as go out at once are in flight
+	done := make(chan *goredis.Cmd)
+	ctx := pastDeadline{context.Background()}
+	go func() { done <- b.run(ctx, script, []string{"late"}, "x") }()
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 1
+	}, 5*time.Second, time.Millisecond)
+	b.drain() // what a call's return starts
+	cmd := <-done
+	require.NotNil(t, cmd)
+	require.ErrorIs(t, cmd.Err(), context.DeadlineExceeded)
+	n, err := c.Exists(context.Background(), "late").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the late call was sent")
+}
+
+// pastDeadline is a context whose deadline has passed and which does not
+// say so yet, as one whose timer has not fired.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
 // TestCleanupComesAfterTheLastSend: a gathered call whose deadline passes
 // while its pipeline hangs may still be sent again by go-redis's retry of
 // that pipeline, with the others; its caller, who then cleans up (releases
