@@ -29,6 +29,38 @@ type batcher struct {
 // maxInFlight is how many calls or pipelines go out before calls gather.
 const maxInFlight = 4
 
+// nodeBatchers gives each Cluster primary a batcher of its own: a primary
+// that hangs holds up only the calls of its own slots, where one batcher
+// for all would soon have its calls in flight all waiting on that primary,
+// and the others' calls gathered behind them. Each batcher still sends
+// through the cluster client, which follows MOVED and ASK when a slot has
+// moved since.
+type nodeBatchers struct {
+	c *goredis.ClusterClient
+
+	mu    sync.Mutex
+	nodes map[string]*batcher // by the primary's address
+}
+
+// of returns the batcher of the primary that serves key, as the client's
+// view of the cluster has it; with no view yet (the cluster unreachable),
+// the batcher of no primary, whose calls fail or go where go-redis sends
+// them.
+func (n *nodeBatchers) of(ctx context.Context, key string) *batcher {
+	addr := ""
+	if node, err := n.c.MasterForKey(ctx, key); err == nil {
+		addr = node.Options().Addr
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	b := n.nodes[addr]
+	if b == nil {
+		b = &batcher{c: n.c}
+		n.nodes[addr] = b
+	}
+	return b
+}
+
 // call is one script run through the batcher.
 type call struct {
 	ctx    context.Context

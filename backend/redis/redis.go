@@ -48,7 +48,8 @@ type Backend struct {
 	fenceTTL time.Duration
 	log      hclog.Logger
 	w        *watches
-	batch    batcher
+	batch    *batcher      // outside Cluster
+	nodes    *nodeBatchers // on Cluster
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -66,7 +67,12 @@ func Open(ctx context.Context, o Options) (*Backend, error) {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger, batch: batcher{c: o.Client}}
+	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger}
+	if cc, ok := o.Client.(*goredis.ClusterClient); ok {
+		b.nodes = &nodeBatchers{c: cc, nodes: map[string]*batcher{}}
+	} else {
+		b.batch = &batcher{c: o.Client}
+	}
 	if err := b.loadScripts(ctx); err != nil {
 		o.Client.Close()
 		return nil, fmt.Errorf("redis: %w", err)
@@ -186,7 +192,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		defer cancel()
 	}
 	k := b.keys(req.Name)
-	res, err := b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+	res, err := b.batcher(ctx, k.x).run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
 		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
 	if err != nil {
 		return backend.Grant{}, b.fail("acquire", req.Name, err)
@@ -207,6 +213,15 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 }
 
+// batcher returns the batcher for a name whose holder key is x: on
+// Cluster, its primary's.
+func (b *Backend) batcher(ctx context.Context, x string) *batcher {
+	if b.nodes != nil {
+		return b.nodes.of(ctx, x)
+	}
+	return b.batch
+}
+
 // fail wraps an error of Redis: a cancelled request stays a cancellation,
 // anything else means the outcome is unknown.
 func (b *Backend) fail(op, name string, err error) error {
@@ -222,7 +237,7 @@ func (b *Backend) fail(op, name string, err error) error {
 // Release ends a lease and wakes the waiters of its name.
 func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	k := b.keys(l.Name)
-	v, err := b.batch.run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
+	v, err := b.batcher(ctx, k.x).run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
 		return b.fail("release", l.Name, err)
 	}

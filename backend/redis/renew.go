@@ -92,18 +92,70 @@ const (
 
 // Renew extends a batch: the leases of a chunk go in script calls of up
 // to renewPerCall leases each (of one hash slot each on Cluster), all in
-// one pipelined round trip (per node on Cluster). Exclusive leases go to
-// renewHeldScript, and only those it did not renew to renewScript, in a
-// second round trip.
+// one pipelined round trip. Exclusive leases go to renewHeldScript, and
+// only those it did not renew to renewScript, in a second round trip. On
+// Cluster, each primary's leases go apart, concurrently.
 func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	errs := make([]error, len(reqs))
+	if cc, ok := b.c.(*goredis.ClusterClient); ok {
+		b.renewPerNode(ctx, cc, reqs, errs)
+	} else {
+		b.renewAll(ctx, reqs, errs)
+	}
+	return errs
+}
+
+// renewAll renews reqs a chunk at a time, setting errs.
+func (b *Backend) renewAll(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
 	sc := renewScratches.Get().(*renewScratch)
 	defer renewScratches.Put(sc)
 	for start := 0; start < len(reqs); start += renewChunk {
 		end := min(start+renewChunk, len(reqs))
 		b.renewChunk(ctx, sc, reqs[start:end], errs[start:end])
 	}
-	return errs
+}
+
+// renewPerNode renews the leases of each primary apart, all at once: a
+// primary that hangs holds up only its own leases' renewals. Sent
+// together, every primary's renewals would wait for its answer, and the
+// chunks and the second round trip after them would find the deadline
+// passed. Each goes through the cluster client, which follows MOVED and
+// ASK when a slot has moved since.
+func (b *Backend) renewPerNode(ctx context.Context, cc *goredis.ClusterClient, reqs []backend.RenewRequest, errs []error) {
+	nodeOf := map[uint16]string{} // by slot, the primary's address
+	byNode := map[string][]int{}  // by primary, the leases' indexes
+	for i, r := range reqs {
+		slot := hashSlot(b.tag(r.Name))
+		addr, ok := nodeOf[slot]
+		if !ok {
+			// With no view of the cluster yet, "": the renewals fail or
+			// go where go-redis sends them.
+			if node, err := cc.MasterForKey(ctx, b.holderKey(r.Name)); err == nil {
+				addr = node.Options().Addr
+			}
+			nodeOf[slot] = addr
+		}
+		byNode[addr] = append(byNode[addr], i)
+	}
+	if len(byNode) <= 1 {
+		b.renewAll(ctx, reqs, errs)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, idx := range byNode {
+		wg.Go(func() {
+			own := make([]backend.RenewRequest, len(idx))
+			for j, i := range idx {
+				own[j] = reqs[i]
+			}
+			ownErrs := make([]error, len(idx))
+			b.renewAll(ctx, own, ownErrs)
+			for j, i := range idx {
+				errs[i] = ownErrs[j]
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // renewScratch holds the arguments of a chunk's commands, and is used
