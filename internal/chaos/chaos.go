@@ -74,8 +74,13 @@
 // $LOCKAGENT_ARTIFACTS (else the temporary directory), named in the failure
 // message; -chaos.keep saves them for runs that pass too.
 //
-// The tests run a 10 s fault-free run, a 60 s run with faults, and the
-// seeds that found bugs (regressions). A long run is one command:
+// One more kind of fault stays out of the deck, so that seeds keep their
+// schedules: an agent starved of CPU (testing.md C6), stopped and run in
+// turns, for moments at a time, for seconds. Config.Starvation makes it
+// the schedule's only kind.
+//
+// The tests run a 10 s fault-free run, a 60 s run with faults, a 20 s run
+// of starvation, and the seeds that found bugs (regressions). A long run is one command:
 //
 //	go test ./internal/chaos -run 'TestChaos$' -chaos.duration=10m -timeout 0
 //
@@ -128,6 +133,9 @@ type Config struct {
 	// NoTeeth spares a run with faults the demand that the unfenced
 	// counters lose updates: for short replays of a seed.
 	NoTeeth bool
+	// Starvation makes the fault schedule agents starved of CPU alone
+	// (testing.md C6) instead of D1's mix; it needs Faults.
+	Starvation bool
 }
 
 // Report is what a run did and found.

@@ -75,7 +75,7 @@ func (r *run) check() *Report {
 	kills = make([][]faultRec, len(r.c.agents))
 	for _, f := range r.faults {
 		switch f.kind {
-		case stopShort, stopLong:
+		case stopShort, stopLong, starveAgent:
 			stops[f.agent] = append(stops[f.agent], f)
 		case killAgent:
 			kills[f.agent] = append(kills[f.agent], f)
@@ -223,7 +223,7 @@ func (r *run) check() *Report {
 		// its local deadline (no renewal could succeed during the stop):
 		// it must be answered not_held, its lost event first.
 		for _, f := range stops[op.agent] {
-			if op.relOutcome == ok && op.ret < f.start && op.relCall > f.stopped && op.relRet >= f.end &&
+			if f.kind != starveAgent && op.relOutcome == ok && op.ret < f.start && op.relCall > f.stopped && op.relRet >= f.end &&
 				f.end-f.stopped >= int64(op.ttl)*int64(time.Millisecond) {
 				rep.Violations = append(rep.Violations, lockcheck.Violation{Name: op.name, Check: "overdue", At: op.relRet,
 					Detail: fmt.Sprintf("lease #%d (agent %d, ttl %dms) was released at %v while its agent was stopped (%v-%v) and answered released:true after SIGCONT: it was past its local deadline and must have been lost first (C1)",

@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -23,13 +24,18 @@ const (
 	restartRedis                     // redis-server killed and restarted without persistence (B6)
 	killClient                       // a client's connection closed while it holds a lock (A1)
 	pauseClient                      // a client paused > TTL inside a read-modify-write under its lock
-	numFaultKinds
+	starveAgent                      // an agent starved of CPU: stopped and run in turns (C6)
 )
+
+// mixKinds are the kinds of D1's schedule, in the order that its seeds
+// shuffle: a seed gives the same schedule as long as this list stays.
+var mixKinds = []faultKind{blackholeShort, blackholeLong, resetLinks, slowLink, stopShort, stopLong, killAgent,
+	pauseRedisShort, pauseRedisLong, restartRedis, killClient, pauseClient}
 
 func (k faultKind) String() string {
 	return [...]string{"blackhole-short", "blackhole-long", "reset-links", "slow-link", "stop-agent-short",
 		"stop-agent-long", "kill-agent", "pause-redis-short", "pause-redis-long", "restart-redis", "kill-client",
-		"pause-client"}[k]
+		"pause-client", "starve-agent"}[k]
 }
 
 // faultRec is a fault as injected: its target (an agent's index, or -1
@@ -38,7 +44,7 @@ type faultRec struct {
 	kind       faultKind
 	agent      int
 	start, end int64
-	stopped    int64 // of an agent stop: when every thread of the agent was stopped
+	stopped    int64 // of an agent stop or starvation: when every thread of the agent was first stopped
 	detail     string
 }
 
@@ -57,9 +63,9 @@ func (r *run) injectFaults(until time.Time, workers, candidates []*worker) {
 		// gives the same schedule.
 		gap := msIn(rng, 500, 2500)
 		if len(deck) == 0 {
-			deck = make([]faultKind, numFaultKinds)
-			for i := range deck {
-				deck[i] = faultKind(i)
+			deck = slices.Clone(mixKinds)
+			if r.cfg.Starvation {
+				deck = []faultKind{starveAgent}
 			}
 			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
@@ -122,6 +128,30 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 		// it runs again comes after it.
 		f.end = r.now()
 		a.signal(syscall.SIGCONT)
+	case starveAgent:
+		// A process starved of CPU runs now and then, for moments: here,
+		// 1-10 ms at a time, between stops of 20-300 ms, one stop in five
+		// of 600-1500 ms (more than a renewal interval, up to more than
+		// the TTL). The starvation counts as one stop of its whole length.
+		rng := rand.New(rand.NewPCG(pick, 0xc6))
+		f.detail = fmt.Sprintf("agent %d starved of CPU for %v", target, long)
+		stops := 0
+		for end := time.Now().Add(long); time.Now().Before(end); stops++ {
+			d := msIn(rng, 20, 300)
+			if rng.IntN(5) == 0 {
+				d = msIn(rng, 600, 1500)
+			}
+			run := msIn(rng, 1, 10)
+			a.pause()
+			if f.stopped == 0 {
+				f.stopped = r.now()
+			}
+			time.Sleep(d)
+			a.signal(syscall.SIGCONT)
+			time.Sleep(run)
+		}
+		f.end = r.now()
+		f.detail += fmt.Sprintf(" (%d stops)", stops)
 	case killAgent:
 		down := short * 2
 		f.detail = fmt.Sprintf("agent %d SIGKILLed, restarted after %v", target, down)
