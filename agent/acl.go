@@ -127,7 +127,8 @@ func Glob(pattern, name string) bool {
 
 // auditLog records an admin action, with who did it.
 func (a *Agent) auditLog(action string, s *Session, kv ...any) {
-	args := []any{"action", action, "uid", s.peer.UID, "gid", s.peer.GID, "pid", s.peer.PID, "session", s.id}
+	p := s.currentPeer()
+	args := []any{"action", action, "uid", p.UID, "gid", p.GID, "pid", p.PID, "session", s.id}
 	for i := 0; i+1 < len(kv); i += 2 {
 		if kv[i+1] != nil { // a nil error says nothing
 			args = append(args, kv[i], kv[i+1])

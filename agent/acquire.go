@@ -161,7 +161,7 @@ func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireR
 	if err := a.validateAcquire(&req); err != nil {
 		return AcquireResult{}, err
 	}
-	if err := a.allow(s.peer, req.Name, req.Mode); err != nil {
+	if err := a.allow(s.currentPeer(), req.Name, req.Mode); err != nil {
 		return AcquireResult{}, err
 	}
 	return s.acquire(ctx, req, nil, start)

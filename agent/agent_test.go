@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -527,4 +528,33 @@ func TestSuspendOfTheHost(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, res.Held, "a lease with time left survives")
 	})
+}
+
+// TestRequestsDuringAResume: a resume from another process of the same
+// uid changes the session's peer while the old connection's requests run;
+// those requests read it safely (the race detector watches).
+func TestRequestsDuringAResume(t *testing.T) {
+	a, _, stop := run(t, agent.Config{Access: agent.Access{AdminUIDs: []uint32{1000}}})
+	defer stop()
+	s, err := a.Open(agent.Peer{UID: 1000, PID: 1}, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, &conn{})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for i := range 200 {
+			_, err := a.Resume(agent.Peer{UID: 1000, PID: int32(i + 2), GID: uint32(i), Groups: []uint32{uint32(i)}},
+				s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+			assert.NoError(t, err)
+		}
+	})
+	for i := range 200 {
+		_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: fmt.Sprint("n", i), TTL: time.Second})
+		require.NoError(t, err)
+		_, err = s.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		_, err = s.List(true)
+		require.NoError(t, err)
+		_, err = s.Break(context.Background(), fmt.Sprint("n", i))
+		require.NoError(t, err)
+	}
 }

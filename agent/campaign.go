@@ -69,7 +69,7 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	if err := a.validateAcquire(&ar); err != nil {
 		return "", err
 	}
-	if err := a.allow(s.peer, req.Name, backend.Exclusive); err != nil {
+	if err := a.allow(s.currentPeer(), req.Name, backend.Exclusive); err != nil {
 		return "", err
 	}
 	a.mu.Lock()

@@ -93,7 +93,7 @@ type Session struct {
 	a      *Agent
 	id     string
 	token  string // resume token
-	peer   Peer
+	peer   Peer   // guarded by a.mu: a resume changes it
 	client string
 	opened time.Time
 
@@ -132,6 +132,14 @@ func (o SessionOptions) apply(s *Session) {
 	if o.SessionTTL != nil {
 		s.ttl = *o.SessionTTL
 	}
+}
+
+// currentPeer returns the process on the session's connection: a resume
+// from another process changes it.
+func (s *Session) currentPeer() Peer {
+	s.a.mu.Lock()
+	defer s.a.mu.Unlock()
+	return s.peer
 }
 
 // Open starts a session for peer and attaches conn to it.
@@ -385,7 +393,7 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 	if err := ValidateName(name); err != nil {
 		return backend.LockInfo{}, err
 	}
-	if err := s.a.allowAnyMode(s.peer, name); err != nil {
+	if err := s.a.allowAnyMode(s.currentPeer(), name); err != nil {
 		return backend.LockInfo{}, err
 	}
 	info, err := s.a.b.Inspect(ctx, name)
@@ -400,7 +408,7 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 // were ended.
 func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 	a := s.a
-	if !a.isAdmin(s.peer) {
+	if !a.isAdmin(s.currentPeer()) {
 		return 0, fmt.Errorf("%w: break is for admins", ErrPermissionDenied)
 	}
 	if err := ValidateName(name); err != nil {
@@ -460,7 +468,7 @@ type SessionInfo struct {
 // is set (admins only), sorted by id.
 func (s *Session) List(all bool) ([]SessionInfo, error) {
 	a := s.a
-	if all && !a.isAdmin(s.peer) {
+	if all && !a.isAdmin(s.currentPeer()) {
 		return nil, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
 	}
 	if all {
