@@ -196,8 +196,17 @@ func (a *Agent) shutdown() {
 }
 
 // releaseTimeout bounds the backend releases done for one session or at
-// shutdown.
+// shutdown, or for a request.
 const releaseTimeout = 5 * time.Second
+
+// detached returns the context of backend releases asked for by a request
+// (release, resign, break, bye) of leases the agent has already dropped:
+// they must outlive the request, whose connection may close or lose its
+// session to a resume meanwhile, or the names would stay held in the
+// backend until their TTLs end. releaseTimeout bounds them instead.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+}
 
 // margin is how much earlier than the backend the agent gives a lease up:
 // clock-rate drift (1%), the backend's expiry precision, and the time to

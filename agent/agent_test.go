@@ -34,6 +34,7 @@ type faulty struct {
 	lastRenewOK  atomic.Int64 // when the last successful renewal was sent, in Unix ns
 	lostAnswer   atomic.Bool  // an acquire is applied, but its answer lost
 	failPrefix   atomic.Value // string: renewals of names with it fail
+	releaseDelay atomic.Int64 // a release is sent this late, unless its context ends first
 
 	mu       sync.Mutex
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
@@ -70,6 +71,15 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 		return backend.Grant{}, backend.ErrUnavailable
 	}
 	return g, err
+}
+
+func (f *faulty) Release(ctx context.Context, l backend.Lease) error {
+	select {
+	case <-time.After(time.Duration(f.releaseDelay.Load())):
+		return f.Backend.Release(ctx, l)
+	case <-ctx.Done():
+		return ctx.Err() // never sent, as a call taken out of a gathering batch
+	}
 }
 
 // conn records what the agent sends to a session.
@@ -557,4 +567,34 @@ func TestRequestsDuringAResume(t *testing.T) {
 		_, err = s.Break(context.Background(), fmt.Sprint("n", i))
 		require.NoError(t, err)
 	}
+}
+
+// TestReleaseOutlivesItsRequest: a release whose request is given up on
+// (its connection closed, or a resume took the session) while the backend
+// is slow still reaches the backend: the lease is already gone from the
+// agent, which would otherwise leave the name held there until its TTL.
+// The same goes for a resign.
+func TestReleaseOutlivesItsRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, _ := openSession(t, a)
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: time.Minute})
+		id, err := s.Campaign(agent.CampaignRequest{Name: "c", TTL: time.Minute})
+		require.NoError(t, err)
+		synctest.Wait()
+		f.releaseDelay.Store(int64(time.Second))
+
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = s.Release(ctx, l.ID)
+		_ = s.Resign(ctx, id)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		for _, name := range []string{"n", "c"} {
+			info, err := f.Inspect(context.Background(), name)
+			require.NoError(t, err)
+			assert.Empty(t, info.Holders, "%s left the backend", name)
+		}
+	})
 }

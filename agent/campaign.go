@@ -178,6 +178,8 @@ func (s *Session) Resign(ctx context.Context, id string) error {
 	a.mu.Unlock()
 	<-c.done
 	if term != nil {
+		ctx, cancel := detached(ctx)
+		defer cancel()
 		a.releaseBackend(ctx, term)
 	}
 	return nil

@@ -330,8 +330,7 @@ func (s *Session) Bye(ctx context.Context, conn Conn) {
 	}
 	gone := s.end(true)
 	a.mu.Unlock()
-	// The releases outlive a connection that closes meanwhile.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	ctx, cancel := detached(ctx)
 	defer cancel()
 	for _, l := range gone {
 		a.releaseBackend(ctx, l)
@@ -349,6 +348,8 @@ func (s *Session) Release(ctx context.Context, leaseID string) error {
 	}
 	a.dropLease(l)
 	a.mu.Unlock()
+	ctx, cancel := detached(ctx)
+	defer cancel()
 	a.releaseBackend(ctx, l)
 	return nil
 }
@@ -419,6 +420,9 @@ func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("break %s: %w", name, err)
 	}
+	// The local holders are told at once: their releases must follow.
+	ctx, cancel := detached(ctx)
+	defer cancel()
 	for _, h := range info.Holders {
 		a.mu.Lock()
 		if l := a.leases[h.LeaseID]; l != nil {
