@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/internal/peerlog"
 )
 
 // Config is what an Agent needs. Zero values take the defaults noted.
@@ -49,6 +50,11 @@ type Config struct {
 	// backend errors, for metrics.
 	Observer Observer
 
+	// PeerLog rate-limits the log lines a peer causes (its campaigns'
+	// failed attempts and elections); the socket server shares it.
+	// Default: one of its own (peerlog.Default).
+	PeerLog *peerlog.Limiter
+
 	// NotifyBudget is the time the agent allows itself to deliver a lost
 	// event; it is part of the safety margin. Default 50ms.
 	NotifyBudget time.Duration
@@ -61,6 +67,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
+	}
+	if c.PeerLog == nil {
+		c.PeerLog = peerlog.Default()
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/lockagent/lockagent/backend"
 )
 
@@ -136,7 +138,8 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 			if errors.Is(err, ErrPermissionDenied) {
 				a.log.Debug("campaign not allowed by the rules; waiting", "name", c.req.Name, "campaign", c.id)
 			} else {
-				a.log.Warn("campaign attempt failed; contending again", "name", c.req.Name, "campaign", c.id, "error", err)
+				a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "campaign attempt failed; contending again",
+					"name", c.req.Name, "campaign", c.id, "uid", peer.UID, "error", err)
 			}
 			t := time.NewTimer(min(c.req.TTL/3, campaignBackoff))
 			select {
@@ -147,7 +150,7 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 			}
 			continue
 		}
-		a.log.Info("elected", "name", c.req.Name, "campaign", c.id, "session", c.s.id)
+		a.cfg.PeerLog.Log(a.log, hclog.Info, peer.UID, "elected", "name", c.req.Name, "campaign", c.id, "session", c.s.id, "uid", peer.UID)
 		select {
 		case <-ctx.Done():
 			return

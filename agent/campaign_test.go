@@ -1,11 +1,16 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -196,4 +201,55 @@ func TestQueuedCampaignUnderReloadedRules(t *testing.T) {
 		assert.Empty(t, kinds(qc.got(), agent.EventElected), "the denied campaign won a term")
 		assert.Len(t, kinds(lc.got(), agent.EventElected), 2, "the allowed one leads again")
 	})
+}
+
+// TestCampaignFailuresLogRateLimited: campaigns whose attempts keep
+// failing (here, the agent's waiters are at their limit) log within the
+// peer's budget, however many there are and however long they retry.
+func TestCampaignFailuresLogRateLimited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncBuffer
+		logger := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
+		a, _, stop := run(t, agent.Config{MaxWaiters: 1, Logger: logger})
+		defer stop()
+		holder, _ := openSession(t, a)
+		for i := range 20 {
+			mustAcquire(t, holder, agent.AcquireRequest{Name: fmt.Sprint("c", i)})
+		}
+		waiter, _ := openSession(t, a)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go waiter.Acquire(ctx, agent.AcquireRequest{Name: "c0", Wait: agent.WaitForever})
+		synctest.Wait()
+
+		s, _ := openSession(t, a)
+		for i := 1; i < 20; i++ {
+			_, err := s.Campaign(agent.CampaignRequest{Name: fmt.Sprint("c", i)})
+			require.NoError(t, err)
+		}
+		time.Sleep(30 * time.Second) // an attempt a second per campaign
+		synctest.Wait()
+		n := strings.Count(logs.String(), "campaign attempt failed")
+		assert.Positive(t, n)
+		assert.LessOrEqual(t, n, 10+3, "19 campaigns retrying for 30 s:\n%s", logs.String())
+		cancel()
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -76,7 +76,7 @@ func (c *conn) serve(ctx context.Context, ended func()) {
 	if err != nil {
 		// The peer keeps its primary group only: rules can match less,
 		// never more.
-		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 	}
 	c.peer.Groups = groups
 	c.ctx, c.ended = ctx, ended
@@ -197,11 +197,11 @@ func (c *conn) idleTimeout(err error, idle time.Time) bool {
 // readFailed logs why reading ended, and answers a line too long.
 func (c *conn) readFailed(err error) {
 	if errors.Is(err, errLineTooLong) {
-		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
+		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
 		c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		if !c.lineDeadline.IsZero() && (c.hbDeadline.IsZero() || c.lineDeadline.Before(c.hbDeadline)) {
-			c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
+			c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
 		} else {
 			c.log.Debug("heartbeat missed; connection dropped", "pid", c.peer.PID, "uid", c.peer.UID, "heartbeat", c.heartbeat)
 		}
@@ -295,7 +295,7 @@ func (c *conn) enqueue(line []byte, inline bool) {
 	// The bound is on what waits unwritten, so that one large answer (a
 	// list of many sessions) still goes out to a reader that keeps up.
 	if c.outBytes > c.srv.MaxQueueBytes {
-		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
+		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
 		c.closeSocket()
 		c.mu.Unlock()
 		return
@@ -372,11 +372,11 @@ func (c *conn) reply(id json.RawMessage, result any, err error) {
 func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 	code, known := errorCode(err)
 	if !known {
-		c.srv.peerLog.Log(hclog.Error, c.peer.UID, "internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+		c.srv.PeerLog.Log(c.srv.Logger, hclog.Error, c.peer.UID, "internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 		return encodeError(id, CodeInternal, "internal error", nil)
 	}
 	if code == CodePermissionDenied || code == CodeLimitExceeded {
-		c.srv.peerLog.Log(hclog.Warn, c.peer.UID, "request refused", "pid", c.peer.PID, "uid", c.peer.UID, "code", code, "error", err)
+		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "request refused", "pid", c.peer.PID, "uid", c.peer.UID, "code", code, "error", err)
 	}
 	var ah *agent.AlreadyHeldError
 	if errors.As(err, &ah) {

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/peerlog"
 )
 
 // Server serves the wire protocol for an agent. Set the fields, then call
@@ -46,8 +47,11 @@ type Server struct {
 	// groups; the answers are kept for a few seconds. Default GroupsOfUID.
 	GroupsOf func(uid uint32) ([]uint32, error)
 
-	groups  *groupCache
-	peerLog *peerLogger
+	// PeerLog rate-limits the log lines a peer causes; share the
+	// agent's. Default: one of its own (peerlog.Default).
+	PeerLog *peerlog.Limiter
+
+	groups *groupCache
 }
 
 func (s *Server) setDefaults() {
@@ -76,16 +80,13 @@ func (s *Server) setDefaults() {
 		s.GroupsOf = GroupsOfUID
 	}
 	s.groups = &groupCache{lookup: s.GroupsOf, ttl: groupCacheTTL}
-	s.peerLog = &peerLogger{log: s.Logger, burst: peerLogBurst, interval: peerLogInterval}
+	if s.PeerLog == nil {
+		s.PeerLog = peerlog.Default()
+	}
 }
 
-// How long the groups of a uid are kept; how many lines a uid may log at
-// once, and then one per interval.
-const (
-	groupCacheTTL   = 10 * time.Second
-	peerLogBurst    = 10
-	peerLogInterval = 10 * time.Second
-)
+// groupCacheTTL is how long the groups of a uid are kept.
+const groupCacheTTL = 10 * time.Second
 
 // Serve accepts connections on ln until ctx is done. Then it stops
 // accepting, waits for the agent to finish its shutdown (which tells every
@@ -198,7 +199,7 @@ func (s *Server) refuse(nc *net.UnixConn, p agent.Peer, perUID bool) {
 	if perUID {
 		msg, limit = fmt.Sprintf("too many connections for uid %d", p.UID), s.MaxConnsPerUID
 	}
-	s.peerLog.Log(hclog.Warn, p.UID, "connection refused: "+msg, "pid", p.PID, "uid", p.UID, "max", limit)
+	s.PeerLog.Log(s.Logger, hclog.Warn, p.UID, "connection refused: "+msg, "pid", p.PID, "uid", p.UID, "max", limit)
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	nc.Write(encodeError(nil, CodeLimitExceeded, msg, nil))
 	nc.Close()

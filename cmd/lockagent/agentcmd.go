@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/peerlog"
 	"github.com/lockagent/lockagent/socketapi"
 )
 
@@ -109,6 +110,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 	}
 	defer b.Close()
 	host, _ := os.Hostname()
+	peerLog := peerlog.Default()
 	a := agent.New(agent.Config{
 		Backend:             b,
 		Logger:              log.Named("agent"),
@@ -123,6 +125,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxLeasesPerUID:     cfg.Limits.MaxLeasesPerUID,
 		Access:              access,
 		Observer:            observer(mt),
+		PeerLog:             peerLog,
 	})
 	srv := &socketapi.Server{
 		Agent:          a,
@@ -130,6 +133,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxLineBytes:   cfg.Limits.MaxLineBytes,
 		MaxConns:       cfg.Limits.MaxSessions,
 		MaxConnsPerUID: cfg.Limits.MaxConnectionsPerUID,
+		PeerLog:        peerLog,
 		// An agent allocates little once its sessions are idle, and might
 		// keep a burst's stacks for minutes.
 		AfterIdleBurst: debug.FreeOSMemory,
