@@ -44,3 +44,25 @@ func TestCheckReleasedAfterLost(t *testing.T) {
 		assert.NotEqual(t, "events", v.Check, "lost after the release's answer: %v", v)
 	}
 }
+
+// TestCheckLostLongAfterAStop: a lost event that comes soon after its
+// agent's SIGCONT is excused (the lease may have ended in Redis at any
+// moment of the stop, when the agent could tell nobody); one that comes
+// long after, once the agent had been running for a while, is not: the
+// name granted elsewhere before it is a violation.
+func TestCheckLostLongAfterAStop(t *testing.T) {
+	history := func(lostAfterStop int64) *run {
+		r := checkRun(t)
+		r.faults = []faultRec{{kind: stopShort, agent: 0, start: 1000 * ms, stopped: 1000 * ms, end: 1300 * ms}}
+		r.ops = []*opRec{
+			{seq: 1, session: 0, agent: 0, name: "n", ttl: 1000, call: 0, ret: 1 * ms,
+				outcome: ok, token: 10, leaseID: "l_a", relCall: -1},
+			{seq: 2, session: 1, agent: 1, name: "n", ttl: 1000, call: 1200 * ms, ret: 1250 * ms,
+				outcome: ok, token: 11, leaseID: "l_b", relCall: 3000 * ms, relRet: 3001 * ms, relOutcome: ok},
+		}
+		r.lost = []lostEvent{{session: 0, lease: "l_a", name: "n", token: 10, reason: "expired", at: 1300*ms + lostAfterStop}}
+		return r
+	}
+	assert.Empty(t, history(10*ms).check().Violations, "lost 10 ms after SIGCONT")
+	assert.NotEmpty(t, history(600*ms).check().Violations, "lost 600 ms after SIGCONT, after a grant elsewhere")
+}
