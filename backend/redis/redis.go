@@ -194,6 +194,9 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	k := b.keys(req.Name)
 	res, err := b.batcher(ctx, k.x).run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
 		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
+	if err == nil && len(res) < 2 {
+		err = fmt.Errorf("acquire: a reply of %d values", len(res))
+	}
 	if err != nil {
 		return backend.Grant{}, b.fail("acquire", req.Name, err)
 	}
@@ -260,6 +263,9 @@ func (b *Backend) Leave(ctx context.Context, name, ticket string) error {
 func (b *Backend) Inspect(ctx context.Context, name string) (backend.LockInfo, error) {
 	k := b.keys(name)
 	res, err := inspectScript.RunRO(ctx, b.c, []string{k.x, k.r, k.t, k.f, k.qe}).Slice()
+	if err == nil && len(res) < 3 {
+		err = fmt.Errorf("inspect: a reply of %d values", len(res))
+	}
 	if err != nil {
 		return backend.LockInfo{}, b.fail("inspect", name, err)
 	}
