@@ -42,9 +42,11 @@ type Config struct {
 	// it later. Default: no rules, uid 0 the only admin.
 	Access Access
 
-	// MaxLeasesPerUID caps the leases (held and pending) of all the
-	// sessions of one uid; 0: no cap beyond the global ones.
-	MaxLeasesPerUID int
+	// MaxSessionsPerUID caps the sessions of one uid, those waiting to
+	// be resumed included; MaxLeasesPerUID caps the leases (held and
+	// pending) of all the sessions of one uid. 0: no cap beyond the
+	// global ones.
+	MaxSessionsPerUID, MaxLeasesPerUID int
 
 	// Observer, if set, is told of acquisitions, renewals, lost leases and
 	// backend errors, for metrics.
@@ -128,6 +130,7 @@ type Agent struct {
 	started  time.Time
 	lastSeen stamp          // the scheduler's last look at the clocks
 	perUID   map[uint32]int // leases held and pending, by the uid of their session
+	sessUID  map[uint32]int // sessions, by uid
 
 	access atomic.Pointer[Access] // read without mu
 	audit  hclog.Logger
@@ -149,6 +152,7 @@ func New(cfg Config) *Agent {
 		leases:   make(map[string]*lease),
 		queues:   make(map[string]*queue),
 		perUID:   make(map[uint32]int),
+		sessUID:  make(map[uint32]int),
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		started:  time.Now(),

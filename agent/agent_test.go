@@ -598,3 +598,33 @@ func TestReleaseOutlivesItsRequest(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionsPerUID: one uid's sessions, detached ones included, stop at
+// its cap, which other uids do not share; a session that ends makes room.
+func TestSessionsPerUID(t *testing.T) {
+	a, _, stop := run(t, agent.Config{MaxSessionsPerUID: 2})
+	defer stop()
+	ttl := agent.SessionOptions{SessionTTL: ptr(time.Hour)}
+	var first *agent.Session
+	for i := range 2 {
+		c := &conn{}
+		s, err := a.Open(agent.Peer{UID: 1000}, ttl, c)
+		require.NoError(t, err)
+		s.Detach(c) // waits for a resume, and still counts
+		if i == 0 {
+			first = s
+		}
+	}
+	_, err := a.Open(agent.Peer{UID: 1000}, ttl, &conn{})
+	require.ErrorIs(t, err, agent.ErrLimitExceeded)
+	assert.ErrorContains(t, err, "2 sessions per uid")
+	_, err = a.Open(agent.Peer{UID: 1001}, ttl, &conn{})
+	require.NoError(t, err, "another uid")
+
+	c := &conn{}
+	resumed, err := a.Resume(agent.Peer{UID: 1000, PID: 7}, first.ID(), first.ResumeToken(), agent.SessionOptions{}, c)
+	require.NoError(t, err)
+	resumed.Bye(context.Background(), c)
+	_, err = a.Open(agent.Peer{UID: 1000}, ttl, &conn{})
+	require.NoError(t, err, "the ended session made room")
+}

@@ -155,6 +155,9 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 	if len(a.sessions) >= a.cfg.MaxSessions {
 		return nil, fmt.Errorf("%w: %d sessions", ErrLimitExceeded, a.cfg.MaxSessions)
 	}
+	if n := a.cfg.MaxSessionsPerUID; n > 0 && a.sessUID[peer.UID] >= n {
+		return nil, fmt.Errorf("%w: %d sessions per uid", ErrLimitExceeded, n)
+	}
 	s := &Session{
 		a:      a,
 		id:     newID("s_"),
@@ -165,6 +168,7 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 	}
 	opts.apply(s)
 	a.sessions[s.id] = s
+	a.sessUID[peer.UID]++
 	return s, nil
 }
 
@@ -282,6 +286,10 @@ func (s *Session) end(keepConn bool) []*lease {
 		s.a.dropLease(l)
 	}
 	delete(s.a.sessions, s.id)
+	// A resume keeps the uid: the session counts for the uid it opened as.
+	if s.a.sessUID[s.peer.UID]--; s.a.sessUID[s.peer.UID] == 0 {
+		delete(s.a.sessUID, s.peer.UID)
+	}
 	for _, w := range s.pending {
 		w.signal()
 	}

@@ -78,7 +78,7 @@ type Leases struct {
 type Limits struct {
 	MaxSessions, MaxLeasesPerSession, MaxWaiters, MaxLineBytes int
 	// Caps per uid, on top of the global ones; 0: none.
-	MaxConnectionsPerUID, MaxLeasesPerUID int
+	MaxConnectionsPerUID, MaxSessionsPerUID, MaxLeasesPerUID int
 }
 
 // ACL restricts which peers may lock which names, and who is an admin.
@@ -156,6 +156,7 @@ func Default() Config {
 			// No cap per uid beyond the global ones: set them where
 			// several users share the agent, so that none can take it all.
 			MaxConnectionsPerUID: 0,
+			MaxSessionsPerUID:    0,
 			MaxLeasesPerUID:      0,
 		},
 		// No acl block: whoever can open the socket may lock any name.

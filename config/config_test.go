@@ -57,7 +57,7 @@ func TestLoadGood(t *testing.T) {
 			}},
 			Leases: Leases{DefaultTTL: 30 * time.Second, MinTTL: 500 * time.Millisecond, MaxTTL: 90 * time.Minute},
 			Limits: Limits{MaxSessions: 500, MaxLeasesPerSession: 50, MaxWaiters: 2000, MaxLineBytes: 1 << 20,
-				MaxConnectionsPerUID: 100, MaxLeasesPerUID: 20},
+				MaxConnectionsPerUID: 100, MaxSessionsPerUID: 200, MaxLeasesPerUID: 20},
 			ACL: &ACL{
 				AdminUIDs:   []uint32{},
 				AdminGroups: []string{"0"},
@@ -106,6 +106,7 @@ func TestLoadBad(t *testing.T) {
 		"redis-password.hcl":     `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
 		"redis-credential.hcl":   `:4,25: backend "redis".password_credential: password_file and password_credential exclude each other`,
 		"per-uid-limit.hcl":      `:2,29: limits.max_connections_per_uid: -1 is below 0 (0: no cap per uid)`,
+		"per-uid-sessions.hcl":   `:2,26: limits.max_sessions_per_uid: -3 is below 0 (0: no cap per uid)`,
 		"redis-key-prefix.hcl":   `:3,16: backend "redis".key_prefix: must not hold { or }`,
 		"redis-several.hcl":      `:2,15: backend "redis".addresses: several addresses need master_name (Sentinel) or cluster = true`,
 		"redis-tls.hcl":          `:4,3: backend "redis".tls: cert_file and key_file go together`,
@@ -309,6 +310,7 @@ limits {
   max_waiters             = 10000
   max_line_bytes          = 65536
   max_connections_per_uid = 0
+  max_sessions_per_uid    = 0
   max_leases_per_uid      = 0
 }
 

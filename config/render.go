@@ -53,6 +53,7 @@ func (c Config) Render() string {
 		"max_waiters", strconv.Itoa(c.Limits.MaxWaiters),
 		"max_line_bytes", strconv.Itoa(c.Limits.MaxLineBytes),
 		"max_connections_per_uid", strconv.Itoa(c.Limits.MaxConnectionsPerUID),
+		"max_sessions_per_uid", strconv.Itoa(c.Limits.MaxSessionsPerUID),
 		"max_leases_per_uid", strconv.Itoa(c.Limits.MaxLeasesPerUID))
 	b.WriteString("}\n\n")
 

@@ -112,7 +112,11 @@ func (c *Config) problems() []*fieldError {
 	for _, f := range []struct {
 		field string
 		n     int
-	}{{"limits.max_connections_per_uid", c.Limits.MaxConnectionsPerUID}, {"limits.max_leases_per_uid", c.Limits.MaxLeasesPerUID}} {
+	}{
+		{"limits.max_connections_per_uid", c.Limits.MaxConnectionsPerUID},
+		{"limits.max_sessions_per_uid", c.Limits.MaxSessionsPerUID},
+		{"limits.max_leases_per_uid", c.Limits.MaxLeasesPerUID},
+	} {
 		if f.n < 0 {
 			bad(f.field, "%d is below 0 (0: no cap per uid)", f.n)
 		}

@@ -122,6 +122,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 		MaxSessions:         cfg.Limits.MaxSessions,
 		MaxLeasesPerSession: cfg.Limits.MaxLeasesPerSession,
 		MaxWaiters:          cfg.Limits.MaxWaiters,
+		MaxSessionsPerUID:   cfg.Limits.MaxSessionsPerUID,
 		MaxLeasesPerUID:     cfg.Limits.MaxLeasesPerUID,
 		Access:              access,
 		Observer:            observer(mt),

@@ -38,6 +38,7 @@ limits {
   max_waiters            = 2000
   max_line_bytes         = 1048576
   max_connections_per_uid = 100
+  max_sessions_per_uid    = 200
   max_leases_per_uid     = 20
 }
 

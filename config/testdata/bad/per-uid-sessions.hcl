@@ -1,0 +1,3 @@
+limits {
+  max_sessions_per_uid = -3
+}
