@@ -200,7 +200,7 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
 		a.mu.Unlock()
 		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
-	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.peer.UID] >= a.cfg.MaxLeasesPerUID:
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid] >= a.cfg.MaxLeasesPerUID:
 		a.mu.Unlock()
 		return AcquireResult{}, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
@@ -226,7 +226,7 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 		s.pending = make(map[string]*waiter)
 	}
 	s.pending[req.Name] = w
-	a.perUID[s.peer.UID]++
+	a.perUID[s.uid]++
 	// Run waits for acquires in flight (closing is false here, under
 	// a.mu), so that a grant that lands during shutdown is released before
 	// the backend closes.
@@ -264,7 +264,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
-		ended, closing, peer := w.s.ended, a.closing, w.s.peer
+		ended, closing, peer := w.s.ended, a.closing, w.s.currentPeer()
 		a.mu.Unlock()
 		switch {
 		case closing:
@@ -415,7 +415,7 @@ func (a *Agent) leave(w *waiter) {
 			// acquired once would keep it for good.
 			w.s.pending = nil
 		}
-		a.uncount(w.s.peer.UID)
+		a.uncount(w.s.uid)
 	}
 	if !w.queued {
 		return

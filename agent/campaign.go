@@ -121,9 +121,7 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 		// Each term is a new grant, under the rules of the moment: a
 		// campaign the rules no longer allow (reloaded) stops contending
 		// until they do again.
-		a.mu.Lock()
-		peer := c.s.peer
-		a.mu.Unlock()
+		peer := c.s.currentPeer()
 		err := a.allow(peer, c.req.Name, backend.Exclusive)
 		if err == nil {
 			_, err = c.s.acquire(ctx, c.req, c, time.Now())

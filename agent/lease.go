@@ -82,7 +82,7 @@ func (a *Agent) addLease(l *lease) {
 		l.session.leases = make(map[string]*lease)
 	}
 	l.session.leases[l.name] = l
-	a.perUID[l.session.peer.UID]++
+	a.perUID[l.session.uid]++
 	a.sched.push(l)
 	if l.due().Before(a.nextWake) {
 		a.kickScheduler()
@@ -96,7 +96,7 @@ func (a *Agent) dropLease(l *lease) {
 		return
 	}
 	delete(a.leases, l.id)
-	a.uncount(l.session.peer.UID)
+	a.uncount(l.session.uid)
 	if l.session.leases[l.name] == l {
 		delete(l.session.leases, l.name)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -92,8 +93,9 @@ const maxBacklog = 64
 type Session struct {
 	a      *Agent
 	id     string
-	token  string // resume token
-	peer   Peer   // guarded by a.mu: a resume changes it
+	token  string               // resume token
+	uid    uint32               // of the peer that opened it, as of any that resumes it
+	peer   atomic.Pointer[Peer] // the process on the connection now: a resume changes it
 	client string
 	opened time.Time
 
@@ -137,9 +139,7 @@ func (o SessionOptions) apply(s *Session) {
 // currentPeer returns the process on the session's connection: a resume
 // from another process changes it.
 func (s *Session) currentPeer() Peer {
-	s.a.mu.Lock()
-	defer s.a.mu.Unlock()
-	return s.peer
+	return *s.peer.Load()
 }
 
 // Open starts a session for peer and attaches conn to it.
@@ -162,10 +162,11 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 		a:      a,
 		id:     newID("s_"),
 		token:  newID(""),
-		peer:   peer,
+		uid:    peer.UID,
 		opened: time.Now(),
 		conn:   conn,
 	}
+	s.peer.Store(&peer)
 	opts.apply(s)
 	a.sessions[s.id] = s
 	a.sessUID[peer.UID]++
@@ -185,7 +186,7 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		return nil, ErrShuttingDown
 	}
 	s := a.sessions[id]
-	if s == nil || s.ended || s.peer.UID != peer.UID ||
+	if s == nil || s.ended || s.uid != peer.UID ||
 		subtle.ConstantTimeCompare([]byte(s.token), []byte(token)) != 1 {
 		return nil, ErrSessionExpired
 	}
@@ -198,7 +199,7 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		s.expiry.Stop()
 		s.expiry = nil
 	}
-	s.peer = peer
+	s.peer.Store(&peer)
 	opts.apply(s)
 	s.conn = conn
 	for _, ev := range s.backlog {
@@ -286,9 +287,8 @@ func (s *Session) end(keepConn bool) []*lease {
 		s.a.dropLease(l)
 	}
 	delete(s.a.sessions, s.id)
-	// A resume keeps the uid: the session counts for the uid it opened as.
-	if s.a.sessUID[s.peer.UID]--; s.a.sessUID[s.peer.UID] == 0 {
-		delete(s.a.sessUID, s.peer.UID)
+	if s.a.sessUID[s.uid]--; s.a.sessUID[s.uid] == 0 {
+		delete(s.a.sessUID, s.uid)
 	}
 	for _, w := range s.pending {
 		w.signal()
@@ -491,10 +491,10 @@ func (s *Session) List(all bool) ([]SessionInfo, error) {
 	defer a.mu.Unlock()
 	var out []SessionInfo
 	for _, o := range a.sessions {
-		if !all && o.peer.UID != s.peer.UID {
+		if !all && o.uid != s.uid {
 			continue
 		}
-		si := SessionInfo{ID: o.id, Peer: o.peer, Client: o.client, Attached: o.conn != nil, OpenedFor: now.Sub(o.opened)}
+		si := SessionInfo{ID: o.id, Peer: o.currentPeer(), Client: o.client, Attached: o.conn != nil, OpenedFor: now.Sub(o.opened)}
 		for _, l := range o.leases {
 			si.Leases = append(si.Leases, LeaseInfo{Lease: l.public(), Meta: l.meta, HeldFor: now.Sub(l.granted), ExpiresIn: l.validUntil.Sub(now)})
 		}
