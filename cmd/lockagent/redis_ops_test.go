@@ -994,6 +994,60 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 		msString(eof), msString(gone[taken.Name]), msString(gone[alone.Name]), msString(ttl), msString(waited), w.Token, taken.Token, again.Token, alone.Token, back.Token, w.Token)
 }
 
+// TestC4_RedisSigtermReleases: on SIGTERM, an agent on Redis releases
+// every lease in Redis before it exits (exclusive and shared, of
+// connection and session scope) and takes its waiters' tickets out of the
+// queues: with a TTL of a minute, nothing is left to expire, and a waiter
+// on another agent gets the name at once.
+func TestC4_RedisSigtermReleases(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Minute
+	f := startFleet(t, 2, redistest.Options{}, "")
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+	app := f.agents[0].client(t, "c4-app")
+	mustAcquire(t, app, "c4r/conn", ttlArg(ttl))
+	mustAcquire(t, app, "c4r/sess", map[string]any{"ttl_ms": ttl.Milliseconds(), "scope": "session"})
+	mustAcquire(t, app, "c4r/shared", map[string]any{"ttl_ms": ttl.Milliseconds(), "mode": "shared", "limit": 2})
+	// A waiter of agent 0 queues for a name that agent 1 holds.
+	other := f.agents[1].client(t, "c4-other")
+	mustAcquire(t, other, "c4r/theirs", ttlArg(ttl))
+	queued := f.agents[0].client(t, "c4-queued")
+	go queued.Call(ctx, "acquire", map[string]any{"name": "c4r/theirs", "wait_ms": -1, "ttl_ms": ttl.Milliseconds()}, nil)
+	f.agents[0].waitQueued(t, 1)
+	// A waiter of agent 1 queues for a name that agent 0 holds.
+	got := make(chan lease, 1)
+	go func() {
+		var l lease
+		other.Call(ctx, "acquire", map[string]any{"name": "c4r/conn", "wait_ms": 10000, "ttl_ms": ttl.Milliseconds()}, &l)
+		got <- l
+	}()
+	f.agents[1].waitQueued(t, 1)
+	queue := func(name string) int64 { return rc.ZCard(ctx, lockKey(name)+":q").Val() }
+	require.Equal(t, int64(1), queue("c4r/theirs"), "agent 0's waiter is queued in Redis")
+
+	stopped := time.Now()
+	stopAgent(t, f.agents[0].proc)
+	exited := time.Since(stopped)
+	for _, name := range []string{"c4r/sess", "c4r/shared"} {
+		n, err := rc.Exists(ctx, lockKey(name), lockKey(name)+":r").Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "%s is released in Redis once the agent has exited", name)
+	}
+	assert.Zero(t, queue("c4r/theirs"), "agent 0's waiter left the queue")
+	var w lease
+	select {
+	case w = <-got:
+	case <-time.After(callTimeout):
+		t.Fatal("the waiter on the other agent did not get the lock")
+	}
+	require.True(t, w.Acquired, "the waiter on the other agent got c4r/conn")
+	handover := time.Since(stopped)
+	assert.Less(t, handover, 5*time.Second, "well before the TTL")
+	t.Logf("C4 on Redis: the agent exited %s after SIGTERM with every lease released; the other agent's waiter got the name after %s (TTL %s)",
+		msString(exited), msString(handover), msString(ttl))
+}
+
 // ---------------------------------------------------------------------------
 // Sentinel: a failover under a held lease.
 
