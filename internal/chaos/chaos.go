@@ -79,8 +79,9 @@
 // turns, for moments at a time, for seconds. Config.Starvation makes it
 // the schedule's only kind.
 //
-// The tests run a 10 s fault-free run, a 60 s run with faults, a 20 s run
-// of starvation, and the seeds that found bugs (regressions). A long run is one command:
+// The tests run a 10 s fault-free run, a 60 s run with faults, a 30 s run
+// of starvation, and the seeds that found bugs (regressions). A long run
+// is one command:
 //
 //	go test ./internal/chaos -run 'TestChaos$' -chaos.duration=10m -timeout 0
 //

@@ -130,16 +130,17 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 		a.signal(syscall.SIGCONT)
 	case starveAgent:
 		// A process starved of CPU runs now and then, for moments: here,
-		// 1-10 ms at a time, between stops of 20-300 ms, one stop in five
-		// of 600-1500 ms (more than a renewal interval, up to more than
-		// the TTL). The starvation counts as one stop of its whole length.
+		// 1-10 ms at a time, between stops of 20-300 ms, one stop in four
+		// of 800-2500 ms (more than a renewal interval, often more than
+		// the TTL: leases are lost). The starvation counts as one stop of
+		// its whole length.
 		rng := rand.New(rand.NewPCG(pick, 0xc6))
 		f.detail = fmt.Sprintf("agent %d starved of CPU for %v", target, long)
 		stops := 0
 		for end := time.Now().Add(long); time.Now().Before(end); stops++ {
 			d := msIn(rng, 20, 300)
-			if rng.IntN(5) == 0 {
-				d = msIn(rng, 600, 1500)
+			if rng.IntN(4) == 0 {
+				d = msIn(rng, 800, 2500)
 			}
 			run := msIn(rng, 1, 10)
 			a.pause()
