@@ -117,6 +117,7 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 	defer a.wg.Done()
 	defer close(c.done)
+	failing := false // the last attempt failed: say so once a streak
 	for {
 		// Each term is a new grant, under the rules of the moment: a
 		// campaign the rules no longer allow (reloaded) stops contending
@@ -133,12 +134,16 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 			// The backend failed, the agent's waiters are at their limit
 			// or the rules deny it: the campaign never gives up on its
 			// own.
-			if errors.Is(err, ErrPermissionDenied) {
+			switch {
+			case errors.Is(err, ErrPermissionDenied):
 				a.log.Debug("campaign not allowed by the rules; waiting", "name", c.req.Name, "campaign", c.id)
-			} else {
-				a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "campaign attempt failed; contending again",
+			case !failing:
+				a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "campaign attempt failed; contending again until one succeeds",
 					"name", c.req.Name, "campaign", c.id, "uid", peer.UID, "error", err)
+			default:
+				a.log.Debug("campaign attempt failed again", "name", c.req.Name, "campaign", c.id, "error", err)
 			}
+			failing = !errors.Is(err, ErrPermissionDenied)
 			t := time.NewTimer(min(c.req.TTL/3, campaignBackoff))
 			select {
 			case <-ctx.Done():
@@ -148,6 +153,7 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 			}
 			continue
 		}
+		failing = false
 		a.cfg.PeerLog.Log(a.log, hclog.Info, peer.UID, "elected", "name", c.req.Name, "campaign", c.id, "session", c.s.id, "uid", peer.UID)
 		select {
 		case <-ctx.Done():
