@@ -213,7 +213,8 @@ func (a *Agent) shutdown() {
 const releaseTimeout = 5 * time.Second
 
 // detached returns the context of backend releases asked for by a request
-// (release, resign, break, bye) of leases the agent has already dropped:
+// (resign, break, bye; release detaches without a bound, see
+// Session.Release) of leases the agent has already dropped:
 // they must outlive the request, whose connection may close or lose its
 // session to a resume meanwhile, or the names would stay held in the
 // backend until their TTLs end. releaseTimeout bounds them instead.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/backend"
 	"github.com/lockagent/lockagent/internal/faultproxy"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
@@ -288,4 +289,24 @@ func TestCleanupComesAfterTheLastSend(t *testing.T) {
 	owner, err := direct.HGet(context.Background(), b.keys("b").x, "o").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "leaseB", owner)
+}
+
+// TestReleaseWithoutDeadline: a release whose context has no deadline (the
+// agent's releases outlive their requests) is bounded all the same while
+// Redis does not answer.
+func TestReleaseWithoutDeadline(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	px := faultproxy.New(t, srv.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 2})
+	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "nd"})
+	require.NoError(t, err)
+	defer b.Close()
+	px.Blackhole()
+	defer func() { px.ResetAll(); px.Pass() }() // before Close, which would wait on the hung connections
+	start := time.Now()
+	err = b.Release(context.Background(), backend.Lease{Name: "n", LeaseID: "l"})
+	require.ErrorIs(t, err, backend.ErrUnavailable)
+	took := time.Since(start)
+	assert.Less(t, took, releaseWait+2*time.Second, "go-redis alone would wait 10 s for the first answer")
+	t.Logf("a release without a deadline gave up after %v", took)
 }
