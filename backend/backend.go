@@ -158,8 +158,8 @@ type Backend interface {
 	Renew(ctx context.Context, reqs []RenewRequest) []error
 	// Release ends a lease. ErrNotHeld when that lease id does not hold it.
 	// A backend that can block bounds a release whose ctx has no
-	// deadline: the agent's releases outlive the requests that ask for
-	// them, and it sets no deadline of its own on the hot path.
+	// deadline, cheaply: the agent's releases outlive the requests that
+	// ask for them, and it sets no deadline of its own on the hot path.
 	Release(ctx context.Context, l Lease) error
 	// Inspect reports the live holders of a name and its last token.
 	Inspect(ctx context.Context, name string) (LockInfo, error)

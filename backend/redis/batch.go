@@ -176,12 +176,18 @@ func over(ctx context.Context) bool {
 // batchContext bounds a pipeline by the latest deadline of its calls; a
 // call whose own deadline passes first stops waiting for the answer, and
 // waits for the pipeline to return before its caller cleans up (see run).
+// A call without a deadline (a release, which outlives its request) counts
+// as one of releaseWait from now: it would otherwise hold the others'
+// callers for as long as go-redis retries.
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	var latest time.Time
+	var latest, noDeadline time.Time
 	for _, c := range batch {
 		d, ok := c.ctx.Deadline()
 		if !ok {
-			return context.WithCancel(context.Background())
+			if noDeadline.IsZero() {
+				noDeadline = time.Now().Add(releaseWait)
+			}
+			d = noDeadline
 		}
 		if d.After(latest) {
 			latest = d
@@ -189,6 +195,9 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 	}
 	return context.WithDeadline(context.Background(), latest)
 }
+
+// releaseWait bounds a gathered call without a deadline.
+const releaseWait = 5 * time.Second
 
 // exec sends batch in one pipeline by script digest, and sends again, by
 // source, the calls the server had no script for (after a restart or a

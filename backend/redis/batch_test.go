@@ -291,22 +291,43 @@ func TestCleanupComesAfterTheLastSend(t *testing.T) {
 	assert.Equal(t, "leaseB", owner)
 }
 
-// TestReleaseWithoutDeadline: a release whose context has no deadline (the
-// agent's releases outlive their requests) is bounded all the same while
-// Redis does not answer.
+// TestReleaseWithoutDeadline: a release whose context has no deadline
+// (the agent's releases outlive their requests), gathered with an acquire
+// while Redis does not answer, bounds their pipeline all the same: the
+// acquire's caller, who waits for the pipeline before it cleans up, and
+// the release get their answers after releaseWait, not after go-redis's
+// timeouts and retries.
 func TestReleaseWithoutDeadline(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	px := faultproxy.New(t, srv.Addr())
-	c := goredis.NewClient(&goredis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 2})
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 2})
 	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "nd"})
 	require.NoError(t, err)
 	defer b.Close()
+
+	b.batch.mu.Lock()
+	b.batch.inFlight = maxInFlight // as many as go out at once are in flight: calls gather
+	b.batch.mu.Unlock()
+	released, acquired := make(chan error, 1), make(chan error, 1)
+	go func() { released <- b.Release(context.Background(), backend.Lease{Name: "n", LeaseID: "l"}) }()
+	go func() {
+		_, err := b.Acquire(context.Background(), backend.AcquireRequest{Name: "m", LeaseID: "k", TTL: time.Second,
+			Deadline: time.Now().Add(200 * time.Millisecond)})
+		acquired <- err
+	}()
+	require.Eventually(t, func() bool {
+		b.batch.mu.Lock()
+		defer b.batch.mu.Unlock()
+		return len(b.batch.queue) == 2
+	}, 5*time.Second, time.Millisecond)
 	px.Blackhole()
 	defer func() { px.ResetAll(); px.Pass() }() // before Close, which would wait on the hung connections
 	start := time.Now()
-	err = b.Release(context.Background(), backend.Lease{Name: "n", LeaseID: "l"})
-	require.ErrorIs(t, err, backend.ErrUnavailable)
+	go b.batch.drain() // what a call's return starts
+	require.ErrorIs(t, <-released, backend.ErrUnavailable)
+	require.Error(t, <-acquired)
 	took := time.Since(start)
 	assert.Less(t, took, releaseWait+2*time.Second, "go-redis alone would wait 10 s for the first answer")
-	t.Logf("a release without a deadline gave up after %v", took)
+	t.Logf("the pipeline of a release without a deadline gave up after %v", took)
 }

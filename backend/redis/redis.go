@@ -177,9 +177,6 @@ func modeArg(m backend.Mode) string {
 	return "x"
 }
 
-// releaseWait bounds a release whose context has no deadline.
-const releaseWait = 5 * time.Second
-
 // ErrOtherMode is returned by Acquire when the lease id already holds the
 // name in the other mode: a caller's mistake, as lease ids are unique.
 var ErrOtherMode = errors.New("redis: lease id holds the name in the other mode")
@@ -241,14 +238,10 @@ func (b *Backend) fail(op, name string, err error) error {
 }
 
 // Release ends a lease and wakes the waiters of its name. A release
-// without a deadline gets releaseWait: gathered with others, it would
-// otherwise hold their pipeline for as long as go-redis retries.
+// without a deadline is bounded by the client's read and write timeouts
+// and retries, and, gathered with others, by releaseWait (see
+// batchContext); a timer of its own would cost more than the release.
 func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, releaseWait)
-		defer cancel()
-	}
 	k := b.keys(l.Name)
 	v, err := b.batcher(ctx, k.x).run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
