@@ -17,25 +17,43 @@ import (
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
-// TestAbandonedCallIsNotSent: a caller that stops waiting while its call
-// gathers behind a pipeline in flight gets its context's error at once,
-// and the call is never sent.
-func TestAbandonedCallIsNotSent(t *testing.T) {
+// newBatcher returns a batcher on a fresh server, and a client of that
+// server.
+func newBatcher(t *testing.T) (*batcher, *goredis.Client) {
 	srv := redistest.Start(t, redistest.Options{})
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
-	defer c.Close()
-	b := &batcher{c: c}
-	script := goredis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1])`)
+	t.Cleanup(func() { c.Close() })
+	return &batcher{c: c}, c
+}
 
-	b.inFlight = maxInFlight // as many as go out at once are in flight
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan *goredis.Cmd)
-	go func() { done <- b.run(ctx, script, []string{"abandoned"}, "x") }()
+// setScript sets KEYS[1] to ARGV[1].
+var setScript = goredis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1])`)
+
+// gatherOne has a call of setScript for key, with ctx, gather in b behind
+// as many calls in flight as go out at once, and returns the channel of
+// its result.
+func gatherOne(t *testing.T, b *batcher, ctx context.Context, key string) <-chan *goredis.Cmd {
+	t.Helper()
+	b.mu.Lock()
+	b.inFlight = maxInFlight
+	b.mu.Unlock()
+	done := make(chan *goredis.Cmd, 1)
+	go func() { done <- b.run(ctx, setScript, []string{key}, "x") }()
 	require.Eventually(t, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return len(b.queue) == 1
 	}, 5*time.Second, time.Millisecond)
+	return done
+}
+
+// TestAbandonedCallIsNotSent: a caller that stops waiting while its call
+// gathers behind a pipeline in flight gets its context's error at once,
+// and the call is never sent.
+func TestAbandonedCallIsNotSent(t *testing.T) {
+	b, c := newBatcher(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := gatherOne(t, b, ctx, "abandoned")
 	cancel()
 	require.ErrorIs(t, (<-done).Err(), context.Canceled)
 
@@ -46,7 +64,7 @@ func TestAbandonedCallIsNotSent(t *testing.T) {
 	assert.Equal(t, maxInFlight-1, b.inFlight, "the drain kept its place in flight")
 
 	// Calls made now go out at once.
-	require.NoError(t, b.run(context.Background(), script, []string{"later"}, "y").Err())
+	require.NoError(t, b.run(context.Background(), setScript, []string{"later"}, "y").Err())
 	v, err := c.Get(context.Background(), "later").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "y", v)
@@ -198,21 +216,8 @@ func TestBatchOnReplica(t *testing.T) {
 // when its pipeline goes, before its context says so, is not sent, and
 // its caller, woken by the drain, gets the deadline's error.
 func TestCallPastItsDeadline(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
-	defer c.Close()
-	b := &batcher{c: c}
-	script := goredis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1])`)
-
-	b.inFlight = maxInFlight // as many as go out at once are in flight
-	done := make(chan *goredis.Cmd)
-	ctx := pastDeadline{context.Background()}
-	go func() { done <- b.run(ctx, script, []string{"late"}, "x") }()
-	require.Eventually(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.queue) == 1
-	}, 5*time.Second, time.Millisecond)
+	b, c := newBatcher(t)
+	done := gatherOne(t, b, pastDeadline{context.Background()}, "late")
 	b.drain() // what a call's return starts
 	cmd := <-done
 	require.NotNil(t, cmd)
