@@ -34,17 +34,29 @@ var setScript = goredis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1])`)
 // its result.
 func gatherOne(t *testing.T, b *batcher, ctx context.Context, key string) <-chan *goredis.Cmd {
 	t.Helper()
-	b.mu.Lock()
-	b.inFlight = maxInFlight
-	b.mu.Unlock()
+	fillInFlight(b)
 	done := make(chan *goredis.Cmd, 1)
 	go func() { done <- b.run(ctx, setScript, []string{key}, "x") }()
+	waitGathered(t, b, 1)
+	return done
+}
+
+// fillInFlight has b count as many calls in flight as go out at once, so
+// that the calls made next gather.
+func fillInFlight(b *batcher) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inFlight = maxInFlight
+}
+
+// waitGathered waits until n calls gather in b.
+func waitGathered(t *testing.T, b *batcher, n int) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return len(b.queue) == 1
+		return len(b.queue) == n
 	}, 5*time.Second, time.Millisecond)
-	return done
 }
 
 // TestAbandonedCallIsNotSent: a caller that stops waiting while its call
@@ -253,9 +265,7 @@ func TestCleanupComesAfterTheLastSend(t *testing.T) {
 		k := b.keys(name)
 		return b.batch.run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c}, id, "x", 10000, 0, "h", "", 60000, "").Err()
 	}
-	b.batch.mu.Lock()
-	b.batch.inFlight = maxInFlight // as many as go out at once are in flight: calls gather
-	b.batch.mu.Unlock()
+	fillInFlight(b.batch)
 	ctxA, cancelA := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancelA()
 	ctxB, cancelB := context.WithTimeout(context.Background(), 10*time.Second)
@@ -263,11 +273,7 @@ func TestCleanupComesAfterTheLastSend(t *testing.T) {
 	resA, resB := make(chan error, 1), make(chan error, 1)
 	go func() { resA <- acquire(ctxA, "a", "leaseA") }()
 	go func() { resB <- acquire(ctxB, "b", "leaseB") }()
-	require.Eventually(t, func() bool {
-		b.batch.mu.Lock()
-		defer b.batch.mu.Unlock()
-		return len(b.batch.queue) == 2
-	}, 5*time.Second, time.Millisecond)
+	waitGathered(t, b.batch, 2)
 
 	px.Blackhole()
 	go b.batch.drain() // what a call's return starts
@@ -311,9 +317,7 @@ func TestReleaseWithoutDeadline(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 
-	b.batch.mu.Lock()
-	b.batch.inFlight = maxInFlight // as many as go out at once are in flight: calls gather
-	b.batch.mu.Unlock()
+	fillInFlight(b.batch)
 	released, acquired := make(chan error, 1), make(chan error, 1)
 	go func() { released <- b.Release(context.Background(), backend.Lease{Name: "n", LeaseID: "l"}) }()
 	go func() {
@@ -321,11 +325,7 @@ func TestReleaseWithoutDeadline(t *testing.T) {
 			Deadline: time.Now().Add(200 * time.Millisecond)})
 		acquired <- err
 	}()
-	require.Eventually(t, func() bool {
-		b.batch.mu.Lock()
-		defer b.batch.mu.Unlock()
-		return len(b.batch.queue) == 2
-	}, 5*time.Second, time.Millisecond)
+	waitGathered(t, b.batch, 2)
 	px.Blackhole()
 	defer func() { px.ResetAll(); px.Pass() }() // before Close, which would wait on the hung connections
 	start := time.Now()
