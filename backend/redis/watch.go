@@ -13,20 +13,35 @@ import (
 )
 
 // confirmWait bounds how long Watch waits for Redis to confirm a
-// subscription. Past it the watch still works once confirmed; until then
-// the caller's poll is the backstop.
+// subscription, and how long the sender waits to send one change. Past it
+// the watch still works once confirmed; until then the caller's poll is
+// the backstop.
 const confirmWait = 2 * time.Second
 
 // watches multiplexes every Watch of an agent onto one subscription
 // connection, with a reference count per channel.
+//
+// One goroutine, the sender, sends the SUBSCRIBE and UNSUBSCRIBE commands,
+// in the order the changes were made: go-redis holds the subscription's
+// lock while it redials a dead connection, whatever the deadlines, so a
+// watch or the dispatcher that sent them itself, with w.mu held, would
+// wait as long, and every other watch behind it.
 type watches struct {
 	ps   *goredis.PubSub
 	log  hclog.Logger
-	done chan struct{} // closed when the dispatcher has returned
+	done chan struct{} // closed when the dispatcher and the sender have returned
 
-	mu     sync.Mutex
-	subs   map[string]*subscription
-	closed bool
+	mu      sync.Mutex
+	subs    map[string]*subscription
+	changes []change      // not yet sent, in order
+	kick    chan struct{} // tells the sender that changes wait
+	closed  bool
+}
+
+// change is a SUBSCRIBE (sub) or an UNSUBSCRIBE of one channel.
+type change struct {
+	sub     bool
+	channel string
 }
 
 type subscription struct {
@@ -41,18 +56,73 @@ func newWatches(c goredis.UniversalClient, log hclog.Logger) *watches {
 		log:  log,
 		done: make(chan struct{}),
 		subs: make(map[string]*subscription),
+		kick: make(chan struct{}, 1),
 	}
 	// The health check pings the subscription connection: a dead one is
 	// replaced, and the channels subscribed again.
 	ch := w.ps.ChannelWithSubscriptions(goredis.WithChannelHealthCheckInterval(10*time.Second), goredis.WithChannelSize(1000))
-	go w.dispatch(ch)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.dispatch(ch) })
+	wg.Go(w.send)
+	go func() {
+		wg.Wait()
+		close(w.done)
+	}()
 	return w
+}
+
+// send sends the subscription changes, in order, until w is closed: a
+// run of changes of one kind goes as one command.
+func (w *watches) send() {
+	for range w.kick {
+		w.mu.Lock()
+		changes := w.changes
+		w.changes = nil
+		closed := w.closed
+		w.mu.Unlock()
+		if closed {
+			return
+		}
+		for len(changes) > 0 {
+			n := 1
+			for n < len(changes) && changes[n].sub == changes[0].sub {
+				n++
+			}
+			channels := make([]string, n)
+			for i, c := range changes[:n] {
+				channels[i] = c.channel
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), confirmWait)
+			var err error
+			if changes[0].sub {
+				err = w.ps.Subscribe(ctx, channels...)
+			} else {
+				err = w.ps.Unsubscribe(ctx, channels...)
+			}
+			cancel()
+			if err != nil {
+				// The connection is down: go-redis subscribes again to the
+				// channels it holds (an UNSUBSCRIBE forgets its channels
+				// first) when it reconnects; until then the callers poll.
+				w.log.Debug("subscription change failed", "subscribe", changes[0].sub, "channels", n, "error", err)
+			}
+			changes = changes[n:]
+		}
+	}
+}
+
+// enqueue adds a subscription change for the sender. w.mu is held.
+func (w *watches) enqueue(sub bool, channel string) {
+	w.changes = append(w.changes, change{sub: sub, channel: channel})
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
 }
 
 // dispatch delivers confirmations and messages until the subscription is
 // closed.
 func (w *watches) dispatch(ch <-chan any) {
-	defer close(w.done)
 	for m := range ch {
 		w.mu.Lock()
 		switch m := m.(type) {
@@ -113,14 +183,7 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 	if s == nil {
 		s = &subscription{confirmed: make(chan struct{}), watchers: make(map[chan struct{}]string)}
 		w.subs[channel] = s
-		sctx, cancel := context.WithTimeout(ctx, confirmWait)
-		err := w.ps.Subscribe(sctx, channel)
-		cancel()
-		if err != nil {
-			// The connection is down: go-redis subscribes again when it
-			// reconnects; until then the caller polls.
-			w.log.Debug("subscribe failed", "channel", channel, "error", err)
-		}
+		w.enqueue(true, channel)
 	}
 	s.watchers[c] = ticket
 	w.mu.Unlock()
@@ -163,17 +226,17 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 // unsubscribe ends the subscription of channel. w.mu is held.
 func (w *watches) unsubscribe(channel string) {
 	delete(w.subs, channel)
-	if w.closed {
-		return
+	if !w.closed {
+		w.enqueue(false, channel)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	w.ps.Unsubscribe(ctx, channel)
 }
 
 func (w *watches) close() {
 	w.mu.Lock()
-	w.closed = true
+	if !w.closed {
+		w.closed = true
+		close(w.kick)
+	}
 	w.mu.Unlock()
 	w.ps.Close()
 	<-w.done

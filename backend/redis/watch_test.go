@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,5 +56,77 @@ func TestWatchAfterAnAbandonedOne(t *testing.T) {
 	case <-ch:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the release published after the watch returned never reached it")
+	}
+}
+
+// TestWatchesDuringAHungReconnect: while go-redis redials a subscription
+// connection that hangs (the link black-holed after a reset), its lock is
+// held and ignores deadlines. Watches of new channels must still return
+// by their own deadline: they must not wait, one behind the other, for a
+// SUBSCRIBE stuck behind that lock. Once the link heals, a new watch gets
+// its notification.
+func TestWatchesDuringAHungReconnect(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	px := faultproxy.New(t, srv.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr()})
+	defer c.Close()
+	w := newWatches(c, hclog.NewNullLogger())
+	defer w.close()
+
+	_, stopWarm, err := w.watch(context.Background(), "hr:warm", "t0")
+	require.NoError(t, err)
+	stopWarm()
+	dialed := px.Conns()
+	px.Blackhole()
+	px.ResetAll()
+	require.Eventually(t, func() bool { return px.Conns() > dialed }, 10*time.Second, time.Millisecond,
+		"go-redis redials the subscription connection")
+
+	const n, deadline = 10, time.Second
+	took := make(chan time.Duration, n)
+	for i := range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			_, stop, err := w.watch(ctx, fmt.Sprintf("hr:lk:{n%d}:c", i), "t")
+			if err == nil {
+				stop()
+			}
+			took <- time.Since(start)
+		}()
+	}
+	for range n {
+		require.Less(t, <-took, deadline+500*time.Millisecond, "a watch waited past its deadline")
+	}
+
+	px.Pass()
+	const channel = "hr:lk:{after}:c"
+	var ch <-chan struct{}
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		got, stop, err := w.watch(ctx, channel, "t")
+		if err != nil {
+			return false
+		}
+		w.mu.Lock()
+		confirmed := w.subs[channel].confirmed
+		w.mu.Unlock()
+		select {
+		case <-confirmed:
+		default:
+			stop()
+			return false
+		}
+		ch = got
+		t.Cleanup(stop)
+		return true
+	}, 20*time.Second, 10*time.Millisecond, "a watch confirmed once the link heals")
+	require.NoError(t, srv.Client(t).Publish(context.Background(), channel, "*").Err())
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a release published after the link healed never reached the watch")
 	}
 }
