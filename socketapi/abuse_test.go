@@ -29,6 +29,9 @@ func TestA7_ProtocolAbuse(t *testing.T) {
 		{`{"op":"acquire","op":"ping"}`, "bad_request"},
 		{`{"op":"acquire","name":"a","name":"b"}`, "bad_request"},
 		{`{"op":"acquire","n\u0061me":"a","name":"b"}`, "bad_request"},
+		// Decoders make a lone surrogate U+FFFD: two names, one lock.
+		{`{"op":"acquire","name":"sur\ud800x"}`, "bad_request"},
+		{`{"op":"acquire","name":"x","meta":"\udfff"}`, "bad_request"},
 		{`{"op":"acquire","name":"x","wait_ms":-1,"id":{"nested":true}}`, "bad_request"},
 		{`{"op":["ping"]}`, "invalid_argument"},
 		{`{"op":"ping","id":1e2}`, "bad_request"},

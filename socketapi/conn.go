@@ -393,6 +393,10 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		c.enqueue(encodeError(nil, CodeBadRequest, "a request is UTF-8", nil), true)
 		return true
 	}
+	if loneSurrogate(line) {
+		c.enqueue(encodeError(nil, CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
+		return true
+	}
 	var req request
 	if err := decodeRequest(line, &req); err != nil {
 		id := req.ID
@@ -734,10 +738,6 @@ func (c *conn) breakOp(ctx context.Context, id json.RawMessage, req *request) bo
 }
 
 func (c *conn) cancel(_ context.Context, id json.RawMessage, req *request) bool {
-	if len(req.Target) > 0 && !validID(req.Target) {
-		c.reply(id, nil, fmt.Errorf("%w: target must be the id of a pending request", agent.ErrInvalidArgument))
-		return true
-	}
 	key, ok := idKey(req.Target)
 	var p *pendingReq
 	if ok {

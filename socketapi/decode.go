@@ -85,6 +85,9 @@ func (req *request) set(key string, v []byte) *decodeError {
 	case "id": // copied: the line's buffer is reused for the next line
 		req.ID = append(json.RawMessage(nil), v...)
 	case "target":
+		if !validID(v) {
+			return typeError(key, "string or integer")
+		}
 		req.Target = append(json.RawMessage(nil), v...)
 	case "op":
 		if v[0] == '"' {

@@ -1,5 +1,7 @@
 package socketapi
 
+import "bytes"
+
 // maxDepth is json.Valid's limit of containers open at once.
 const maxDepth = 10000
 
@@ -197,4 +199,68 @@ func digits(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// loneSurrogate reports whether a string of b escapes a surrogate that is
+// not half of a pair (a high one, \ud800–\udbff, not followed by an
+// escaped low one, \udc00–\udfff, or a low one alone). Such a string is
+// not Unicode text: decoders replace the surrogate with U+FFFD, so that
+// two different names would be one lock.
+func loneSurrogate(b []byte) bool {
+	for i := bytes.IndexByte(b, '\\'); i >= 0 && i+1 < len(b); {
+		if b[i+1] != 'u' {
+			i = next(b, i+2)
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		switch {
+		case !ok: // not JSON: refused later
+			return false
+		case 0xdc00 <= r && r <= 0xdfff:
+			return true
+		case 0xd800 <= r && r <= 0xdbff:
+			if i+11 >= len(b) || b[i+6] != '\\' || b[i+7] != 'u' {
+				return true
+			}
+			if lo, ok := hex4(b, i+8); !ok || lo < 0xdc00 || lo > 0xdfff {
+				return true
+			}
+			i = next(b, i+12)
+		default:
+			i = next(b, i+6)
+		}
+	}
+	return false
+}
+
+// next returns the index of the first backslash of b from i, or -1.
+func next(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	if j := bytes.IndexByte(b[i:], '\\'); j >= 0 {
+		return i + j
+	}
+	return -1
+}
+
+// hex4 reads the four hexadecimal digits at b[i:i+4].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }

@@ -56,3 +56,30 @@ func BenchmarkValidJSON(b *testing.B) {
 		}
 	})
 }
+
+func TestLoneSurrogate(t *testing.T) {
+	for line, lone := range map[string]bool{
+		`{"name":"a"}`:                  false,
+		`{"name":"\u00e9\n"}`:           false,
+		`{"name":"\ud83d\ude00"}`:       false, // a pair: U+1F600
+		`{"name":"\uD83D\uDE00x"}`:      false,
+		`{"name":"\ufffd"}`:             false,
+		`{"name":"\\ud800"}`:            false, // a backslash, then "ud800"
+		`{"name":"\\\ud83d\ude00"}`:     false,
+		`{"name":"\ud800"}`:             true,
+		`{"name":"\udfff"}`:             true,
+		`{"name":"sur\ud800x"}`:         true,
+		`{"name":"\ud800\u0041"}`:       true, // a high one, then not a low one
+		`{"name":"\ud800\ud800\udc00"}`: true,
+		`{"name":"\ude00\ud83d"}`:       true, // the pair in the wrong order
+		`{"name":"a","x":"\ud800"}`:     true,
+		`{"name":"\\\ud800"}`:           true,
+		`"\ud800`:                       true,
+		`"\ud80`:                        false, // not JSON: refused as such
+		`"\ud800\u`:                     true,
+	} {
+		if got := loneSurrogate([]byte(line)); got != lone {
+			t.Errorf("loneSurrogate(%s) = %v, want %v", line, got, lone)
+		}
+	}
+}

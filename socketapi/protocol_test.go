@@ -55,6 +55,9 @@ func TestImplicitSession(t *testing.T) {
 	ta := startAgent(t)
 	r := ta.raw(t)
 	r.fail(`not json`, "bad_request") // does not count as the first request
+	// Nor do lines refused for a lone surrogate or a field's type.
+	r.fail(`{"id":1,"op":"acquire","name":"sur\ud800x"}`, "bad_request")
+	r.fail(`{"id":2,"op":"cancel","target":true}`, "invalid_argument")
 	r.ok(`{"id":"a","op":"hello"}`)
 
 	r = ta.raw(t)

@@ -100,6 +100,9 @@ func TestDecodeRequest(t *testing.T) {
 		`{"wait_ms":99999999999999999999}`: "invalid_argument: wait_ms must be a JSON integer in range",
 		`{"all":"yes"}`:                    "invalid_argument: all must be a JSON boolean",
 		`{"resume":[]}`:                    "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
+		`{"target":true}`:                  "invalid_argument: target must be a JSON string or integer",
+		`{"target":1.5}`:                   "invalid_argument: target must be a JSON string or integer",
+		`{"target":[1]}`:                   "invalid_argument: target must be a JSON string or integer",
 		`{"name":null,"op":"ping"}`:        "",
 	} {
 		var req request
