@@ -154,23 +154,62 @@ func (w *waiter) signal() {
 // Acquire takes a name for the session: at once, within req.Wait, or never,
 // behind the waiters already queued for it on this agent. Cancelling ctx
 // abandons the request (its error is ctx's).
-func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (res AcquireResult, err error) {
+func (s *Session) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	p := s.place(req)
+	return p.Run(ctx)
+}
+
+// Pending is an acquire whose place is taken, or that was refused: Run
+// runs it to its end.
+type Pending struct {
+	s     *Session
+	req   AcquireRequest
+	start time.Time
+	w     *waiter // its place, or nil
+	err   error   // why it was refused, or nil
+}
+
+// Begin checks an acquire and, if it may go on, takes its place at once:
+// the name pending in the session, and a waiter's place in the name's
+// queue. So a connection that runs its waiting acquires in goroutines
+// keeps the order it read them in. Run must then be called, once.
+func (s *Session) Begin(req AcquireRequest) *Pending {
+	p := s.place(req)
+	return &p
+}
+
+func (s *Session) place(req AcquireRequest) Pending {
 	a := s.a
-	start := time.Now()
-	defer func() { a.observeAcquire(req.Mode, start, res, err) }()
-	if err := a.validateAcquire(&req); err != nil {
-		return AcquireResult{}, err
+	p := Pending{s: s, req: req, start: time.Now()}
+	if p.err = a.validateAcquire(&p.req); p.err == nil {
+		if p.err = a.allow(s.currentPeer(), p.req.Name, p.req.Mode); p.err == nil {
+			p.w, p.err = s.begin(p.req, nil, p.start)
+		}
 	}
-	if err := a.allow(s.currentPeer(), req.Name, req.Mode); err != nil {
-		return AcquireResult{}, err
-	}
-	return s.acquire(ctx, req, nil, start)
+	return p
+}
+
+// Run runs the acquire to its end, as Acquire does.
+func (p *Pending) Run(ctx context.Context) (res AcquireResult, err error) {
+	a := p.s.a
+	defer func() { a.observeAcquire(p.req.Mode, p.start, res, err) }()
+	return a.run(ctx, p.req.Name, p.w, p.err)
 }
 
 // acquire runs a validated and allowed acquire, asked for at since, for
 // the session itself or for one of its campaigns (camp), whose place the
 // session's limit already counts.
 func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaign, since time.Time) (AcquireResult, error) {
+	w, err := s.begin(req, camp, since)
+	return s.a.run(ctx, req.Name, w, err)
+}
+
+// errBehindWaiters refuses a try while waiters queue for its name.
+var errBehindWaiters = errors.New("agent: waiters queue for the name")
+
+// begin takes the place of a validated and allowed acquire (see acquire)
+// and returns its waiter, or refuses it.
+func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*waiter, error) {
 	a := s.a
 	w := &waiter{s: s, req: req, camp: camp, since: since, queued: req.Wait != 0}
 	if w.queued {
@@ -180,40 +219,30 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 	}
 
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	switch {
 	case a.closing:
-		a.mu.Unlock()
-		return AcquireResult{}, ErrShuttingDown
+		return nil, ErrShuttingDown
 	case s.ended:
-		a.mu.Unlock()
-		return AcquireResult{}, ErrSessionEnded
+		return nil, ErrSessionEnded
 	case s.leases[req.Name] != nil:
-		l := s.leases[req.Name].public()
-		a.mu.Unlock()
-		return AcquireResult{}, &AlreadyHeldError{Lease: l}
+		return nil, &AlreadyHeldError{Lease: s.leases[req.Name].public()}
 	case s.pending[req.Name] != nil:
-		a.mu.Unlock()
-		return AcquireResult{}, invalidArg("an acquire of %q is already in progress in this session", req.Name)
+		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.campaigns[req.Name] != nil:
-		a.mu.Unlock()
-		return AcquireResult{}, invalidArg("the session campaigns for %q: resign first", req.Name)
+		return nil, invalidArg("the session campaigns for %q: resign first", req.Name)
 	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
-		a.mu.Unlock()
-		return AcquireResult{}, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
+		return nil, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
 	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid] >= a.cfg.MaxLeasesPerUID:
-		a.mu.Unlock()
-		return AcquireResult{}, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
+		return nil, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
 	q := a.queues[req.Name]
 	if !w.queued && q != nil {
-		// A try never jumps ahead of queued waiters.
-		a.mu.Unlock()
-		return a.denied(ctx, req.Name, ReasonHeld), nil
+		return nil, errBehindWaiters // a try never jumps ahead of queued waiters
 	}
 	if w.queued {
 		if a.waiters >= a.cfg.MaxWaiters {
-			a.mu.Unlock()
-			return AcquireResult{}, fmt.Errorf("%w: %d waiters", ErrLimitExceeded, a.cfg.MaxWaiters)
+			return nil, fmt.Errorf("%w: %d waiters", ErrLimitExceeded, a.cfg.MaxWaiters)
 		}
 		if q == nil {
 			q = &queue{}
@@ -231,17 +260,27 @@ func (s *Session) acquire(ctx context.Context, req AcquireRequest, camp *campaig
 	// a.mu), so that a grant that lands during shutdown is released before
 	// the backend closes.
 	a.wg.Add(1)
-	a.mu.Unlock()
+	return w, nil
+}
+
+// run runs to its end an acquire of name whose place begin took (w), or
+// answers its refusal (err).
+func (a *Agent) run(ctx context.Context, name string, w *waiter, err error) (AcquireResult, error) {
+	switch {
+	case errors.Is(err, errBehindWaiters):
+		return a.denied(ctx, name, ReasonHeld), nil
+	case err != nil:
+		return AcquireResult{}, err
+	}
 	defer a.wg.Done()
 	defer a.leave(w)
-
 	if !w.queued {
 		l, _, err := a.attempt(ctx, w, time.Time{})
 		switch {
 		case err != nil:
 			return AcquireResult{}, err
 		case l == nil:
-			return a.denied(ctx, req.Name, ReasonHeld), nil
+			return a.denied(ctx, name, ReasonHeld), nil
 		}
 		return AcquireResult{Acquired: true, Lease: l.public()}, nil
 	}

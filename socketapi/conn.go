@@ -634,11 +634,14 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		c.pending[key] = p
 	}
 	c.mu.Unlock()
+	// Its place is taken now, so that the requests read after it come
+	// after it, then it runs on its own.
+	acq := c.sess.Begin(ar)
 	c.reqWG.Add(1)
 	go func() {
 		defer c.reqWG.Done()
 		defer cancel()
-		res, err := c.sess.Acquire(ctx, ar)
+		res, err := acq.Run(ctx)
 		if cancellable {
 			c.mu.Lock()
 			if c.pending[key] == p {

@@ -197,3 +197,34 @@ func TestBackendUnavailableOnTheWire(t *testing.T) {
 	r.fail(`{"op":"acquire","name":"u"}`, "backend_unavailable")
 	r.fail(`{"op":"inspect","name":"u"}`, "backend_unavailable")
 }
+
+// TestWaitingAcquiresKeepTheirOrder: requests of one name sent in one
+// write, after a waiting acquire, come after it: the acquire read first
+// waits, and the later acquire and campaign of its name are the ones
+// refused as in progress, every time.
+func TestWaitingAcquiresKeepTheirOrder(t *testing.T) {
+	ta := startAgent(t)
+	a, b := ta.raw(t), ta.raw(t)
+	a.ok(`{"id":1,"op":"acquire","name":"ord"}`)
+	for i := range 50 {
+		w := fmt.Sprintf(`{"id":"w%d","op":"acquire","name":"ord","wait_ms":-1}`, i)
+		w2 := fmt.Sprintf(`{"id":"w2-%d","op":"acquire","name":"ord","wait_ms":-1}`, i)
+		c := fmt.Sprintf(`{"id":"c%d","op":"campaign","name":"ord"}`, i)
+		_, err := b.nc.Write([]byte(w + "\n" + w2 + "\n" + c + "\n"))
+		require.NoError(t, err)
+		refused := map[any]bool{}
+		for range 2 { // a waiting acquire's answer may come out of order
+			m := b.recv()
+			requireCode(t, m, "invalid_argument")
+			refused[m["id"]] = true
+		}
+		require.Equal(t, map[any]bool{fmt.Sprintf("w2-%d", i): true, fmt.Sprintf("c%d", i): true}, refused, "round %d", i)
+		m := b.call(fmt.Sprintf(`{"id":"x%d","op":"cancel","target":"w%d"}`, i, i))
+		if m["id"] != fmt.Sprintf("x%d", i) { // the canceled acquire first
+			require.Equal(t, fmt.Sprintf("w%d", i), m["id"])
+			requireCode(t, m, "canceled")
+			m = b.recv()
+		}
+		require.Equal(t, true, m["canceled"], "round %d: the acquire read first waited", i)
+	}
+}
