@@ -35,6 +35,9 @@ const { EventEmitter } = require('node:events');
 
 const PROTOCOL_VERSION = 1;
 
+/** How long close() gives a reconnect under way, and ending a session whose connection broke. */
+const END_WAIT_MS = 5000;
+
 /** `Symbol.asyncDispose` where the runtime has it (Node 18.18+, 20.4+). */
 const asyncDispose = typeof Symbol.asyncDispose === 'symbol' ? Symbol.asyncDispose : undefined;
 
@@ -387,6 +390,12 @@ class Campaign extends EventEmitter {
     // elected event.
     await this._client._call('campaign', args, {
       onAnswer: (res) => {
+        if (this.ended) {
+          // Resigned while this campaign was being started again: the
+          // resign named the old id, so this one is resigned now.
+          this._client._call('resign', { campaign: res.campaign }).catch(() => {});
+          return;
+        }
         this.id = res.campaign;
         this._client._campaigns.set(this.id, this);
       },
@@ -482,6 +491,8 @@ class Client extends EventEmitter {
     this._sock = null;
     this._connected = false;
     this._closed = false;
+    this._closeCalled = false;
+    this._saidBye = false;
     this._nextId = 0;
     this._pending = new Map();
     /** @type {Map<string, Lease>} */
@@ -666,19 +677,32 @@ class Client extends EventEmitter {
   /**
    * Ends the session: every lease of both scopes is released (`bye`), and
    * the connection closes. Pending calls reject with a ConnectionError.
-   * Safe to call more than once.
+   * A session with a grace period (`sessionTtlMs`) whose connection broke
+   * is resumed on a new connection to be ended, so that its leases are
+   * not left held for the grace period. Safe to call more than once.
    */
   async close() {
-    if (this._closed) return;
-    this._closed = true;
+    if (this._closeCalled) return;
+    this._closeCalled = this._closed = true;
     this._stopReconnect.abort();
+    // A reconnect under way ends first (a resume it completes is closed).
+    if (this._reconnecting) {
+      let timer;
+      await Promise.race([
+        this._reconnecting.catch(() => {}),
+        new Promise((resolve) => { timer = setTimeout(resolve, END_WAIT_MS); }),
+      ]);
+      clearTimeout(timer);
+    }
     if (this._connected) {
       try {
         await this._call('bye', {}, { closing: true });
+        this._saidBye = true;
       } catch {
         // The connection is gone either way.
       }
     }
+    if (!this._saidBye && this.session && this._options.sessionTtlMs > 0) await this._endDetached();
     for (const campaign of [...this._campaigns.values()]) campaign._end(null);
     for (const lease of [...this._leases.values()]) lease._end(null);
     this._stopHeartbeat();
@@ -690,6 +714,32 @@ class Client extends EventEmitter {
   }
 
   // ----------------------------------------------------------- internals
+
+  /**
+   * Ends a session whose connection broke: resumes it on a new connection
+   * and says `bye` (should the session be gone, the `bye` ends the new
+   * one), within END_WAIT_MS.
+   */
+  async _endDetached() {
+    const { client, sessionTtlMs } = this._options;
+    const hello = {
+      id: 'end-hello', op: 'hello', version: PROTOCOL_VERSION, client, session_ttl_ms: sessionTtlMs,
+      resume: { session: this.session, token: this.resumeToken },
+    };
+    let sock;
+    try {
+      sock = await dial(this.socketPath);
+    } catch {
+      return; // no agent: nothing to end
+    }
+    await new Promise((resolve) => {
+      const timer = setTimeout(() => sock.destroy(), END_WAIT_MS);
+      sock.on('error', () => {});
+      sock.on('close', () => { clearTimeout(timer); resolve(); });
+      sock.resume(); // the answers are not read: the agent closes after bye
+      sock.write(`${JSON.stringify(hello)}\n${JSON.stringify({ id: 'end-bye', op: 'bye' })}\n`);
+    });
+  }
 
   /** Sends a request; resolves with the answer, rejects with its error. */
   _call(op, args = {}, opts = {}) {

@@ -102,6 +102,10 @@ PROTOCOL_VERSION = 1
 #: Seconds the client waits for an answer, and for a connection, by default.
 DEFAULT_TIMEOUT = 10.0
 
+# Seconds close() gives ending a session whose connection broke, when the
+# client has no timeout.
+_END_WAIT = 5.0
+
 # Why a lease was lost. The first four come from the agent's `lost` event;
 # the others are the client's own.
 #: The backend no longer has the lease, or its deadline passed unrenewed.
@@ -846,6 +850,8 @@ class _Core:
         self._campaigns = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self._close_called = False
+        self._said_bye = False
 
     def _next_id(self):
         return str(next(self._ids))
@@ -858,6 +864,18 @@ class _Core:
 
     def _resumable(self):
         return bool(self.session_ttl) and self.reconnect and self.session is not None
+
+    def _detached(self):
+        """True if the session outlives its connection, which ended without
+        an answered ``bye``: the agent keeps it, and its leases, for
+        ``session_ttl``."""
+        return bool(self.session_ttl) and self.session is not None and not self._said_bye
+
+    def _end_lines(self):
+        """The requests that end a detached session: resume it, then ``bye``.
+        Should the session be gone, the ``bye`` ends the new one."""
+        return (_encode(dict(self._hello_args(True), id="end-hello", op="hello"))
+                + _encode({"id": "end-bye", "op": "bye"}))
 
     def _apply_hello(self, result):
         self.session = result.get("session")
@@ -958,6 +976,7 @@ class _Core:
         elif pending.op == "release" and ok:
             self._end_leases(lambda lease: lease.id == pending.arg, None)
         elif pending.op == "bye" and ok:
+            self._said_bye = True
             self._end_leases(lambda lease: True, None)
             self._end_campaigns(lambda campaign: True, RESIGNED)
         return None
@@ -1270,13 +1289,15 @@ class Client(_Core):
     def close(self):
         """End the session (``bye``: every lease is released) and the connection.
 
-        Not to be called from a callback.
+        A session with a ``session_ttl`` whose connection broke is resumed on
+        a new connection to be ended, so that its leases are not left held
+        for the grace period. Not to be called from a callback.
         """
         self._not_on_reader()
         with self._cond:
-            if self._closed:
+            if self._close_called:
                 return
-            self._closed = True
+            self._close_called = self._closed = True
             conn = self._conn
             self._cond.notify_all()
         self._stop.set()
@@ -1284,6 +1305,22 @@ class Client(_Core):
             self._bye(conn)
         for t in self._threads:
             t.join(self.timeout)
+        self._end_detached()
+
+    def _end_detached(self):
+        """Ends the session if its connection broke before ``bye`` was
+        answered (see _detached), so that its leases do not stay held."""
+        if not self._detached():
+            return
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(self.timeout or _END_WAIT)
+                sock.connect(self.path)
+                sock.sendall(self._end_lines())
+                while sock.recv(65536):  # the agent closes after bye
+                    pass
+        except OSError as e:
+            _log.info("lockagent: ending the session at %s: %s", self.path, e)
 
     # -- transport
 
@@ -1657,10 +1694,15 @@ class AsyncClient(_Core):
         return await self._call(op, args)
 
     async def close(self):
-        """End the session (``bye``: every lease is released) and the connection."""
-        if self._closed:
+        """End the session (``bye``: every lease is released) and the connection.
+
+        A session with a ``session_ttl`` whose connection broke is resumed on
+        a new connection to be ended, so that its leases are not left held
+        for the grace period.
+        """
+        if self._close_called:
             return
-        self._closed = True
+        self._close_called = self._closed = True
         if not self._opened:
             return
         self._stop.set()
@@ -1669,6 +1711,28 @@ class AsyncClient(_Core):
         if conn is not None:
             await self._bye(conn)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._end_detached()
+
+    async def _end_detached(self):
+        """Ends the session if its connection broke before ``bye`` was
+        answered (see _detached), so that its leases do not stay held."""
+        if not self._detached():
+            return
+
+        async def end():
+            reader, writer = await asyncio.open_unix_connection(self.path)
+            try:
+                writer.write(self._end_lines())
+                await writer.drain()
+                while await reader.read(65536):  # the agent closes after bye
+                    pass
+            finally:
+                writer.close()
+
+        try:
+            await asyncio.wait_for(end(), self.timeout or _END_WAIT)
+        except (OSError, asyncio.TimeoutError) as e:
+            _log.info("lockagent: ending the session at %s: %s", self.path, e)
 
     # -- transport
 

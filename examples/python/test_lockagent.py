@@ -553,6 +553,26 @@ class ReconnectTest(AgentTestCase):
         with self.assertRaises(lockagent.AgentConnectionError):
             c.ping()
 
+    def test_close_right_after_a_break_ends_the_session(self):
+        # Before the client saw the break, as it reconnects, and after.
+        for i, settle in enumerate((None, 0.002, 0.05)):
+            with self.subTest(settle=settle):
+                c = self.client(session_ttl=30)
+                c.acquire("r/%d" % i, scope="session")
+                break_connection(c)
+                if settle is not None:
+                    threading.Event().wait(settle)
+                c.close()
+                self.client().acquire("r/%d" % i)  # a try: free at once
+
+    def test_without_reconnect_close_ends_the_session(self):
+        c = self.client(session_ttl=30, reconnect=False)
+        c.acquire("r/1", scope="session")
+        break_connection(c)
+        wait_until(lambda: c.closed, what="the client to close")
+        c.close()
+        self.client().acquire("r/1")
+
     def test_agent_shutdown_loses_every_lease(self):
         events = []
         c = self.client(session_ttl=30, reconnect=False, on_event=events.append)

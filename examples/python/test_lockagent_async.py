@@ -274,6 +274,19 @@ class AsyncReconnectTest(AsyncAgentTestCase):
         await c.ping()
         self.assertNotEqual(c.session, session)
 
+    async def test_close_right_after_a_break_ends_the_session(self):
+        # Before the client saw the break, as it reconnects, and after.
+        other = await self.client()
+        for i, settle in enumerate((None, 0, 0.002, 0.05)):
+            with self.subTest(settle=settle):
+                c = await self.client(session_ttl=30)
+                await c.acquire("r/%d" % i, scope="session")
+                break_connection(c)
+                if settle is not None:
+                    await asyncio.sleep(settle)
+                await c.close()
+                await other.acquire("r/%d" % i)  # a try: free at once
+
     async def test_agent_shutdown(self):
         events = []
         c = await self.client(reconnect=False, on_event=events.append)

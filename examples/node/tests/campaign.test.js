@@ -115,6 +115,21 @@ describe('campaign', () => {
     assert.ok(next.token > term.token);
   });
 
+  test('a resign while the campaign is started again after a reconnect ends it', async () => {
+    const [a, b] = [await client(), await client()];
+    const name = unique();
+    const c = await a.campaign(name);
+    await c.elected({ signal: AbortSignal.timeout(5000) });
+    const resigned = new Promise((resolve) => {
+      a.once('reconnect', () => queueMicrotask(() => resolve(c.resign())));
+    });
+    a._sock.destroy();
+    await resigned;
+    assert.equal(c.ended, true);
+    await waitFor(async () => !(await b.inspect(name)).locked, { what: 'the name to be free' });
+    assert.ok(await b.tryAcquire(name));
+  });
+
   test('a session-scoped campaign is kept by a resumed session', async () => {
     const a = await client({ sessionTtlMs: 10000 });
     const name = unique();

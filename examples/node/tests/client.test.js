@@ -317,6 +317,21 @@ describe('against an agent', () => {
     await a.close();
   });
 
+  test('close right after a break ends the session: its leases are not left held', async () => {
+    const b = await client();
+    // Before the client saw the break, as it reconnects, and after.
+    for (const settle of [-1, 0, 1, 5, 50]) {
+      const a = await client({ sessionTtlMs: 30000 });
+      const name = unique('close-break');
+      const lease = await a.tryAcquire(name, { scope: 'session' });
+      a._sock.destroy();
+      if (settle >= 0) await new Promise((r) => setTimeout(r, settle));
+      await a.close();
+      assert.equal(lease.released, true);
+      assert.ok(await b.tryAcquire(name), `free at once (settle ${settle} ms)`);
+    }
+  });
+
   test('Symbol.asyncDispose releases a lease and closes a client', async () => {
     assert.equal(typeof Symbol.asyncDispose, 'symbol', 'this Node has Symbol.asyncDispose');
     const a = await client();
