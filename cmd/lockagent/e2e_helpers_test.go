@@ -166,6 +166,9 @@ func startProc(t *testing.T, name string, extraEnv []string, path string, args .
 	p.cmd = exec.Command(path, args...)
 	p.cmd.Env = append(baseEnv(), extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	// Without a controlling terminal, as under CI and systemd, also when
+	// the tests run from one.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// A grandchild that keeps the output open must not hang the test.
 	p.cmd.WaitDelay = 2 * time.Second
 	require.NoError(t, p.cmd.Start(), "start %s", name)

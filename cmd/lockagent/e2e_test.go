@@ -671,6 +671,72 @@ func TestRun(t *testing.T) {
 		requireFree(t, "run/forward", 0)
 	})
 
+	t.Run("lost lock stops the processes the command started", func(t *testing.T) {
+		// One background process dies of the SIGTERM, one ignores it: the
+		// rest of the command's process group is killed once it exits.
+		p := startProc(t, "run", env, lockagentBin, "run", "run/group", "--", "sh", "-c",
+			`sleep 1000 & echo "bg $!"; (trap "" TERM; exec sleep 1000) & echo "bg $!"; `+trapTerm)
+		out := p.waitOutput(t, "ready", exitTimeout)
+		var pids []int
+		for _, line := range strings.Split(out, "\n") {
+			var pid int
+			if _, err := fmt.Sscanf(line, "bg %d", &pid); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		require.Len(t, pids, 2, "output %q", out)
+		r := lockagent(t, env, "ctl", "break", "run/group")
+		requireCode(t, 0, r, "ctl break")
+		require.Equal(t, 42, p.wait(t, exitTimeout), "run's exit status")
+		for _, pid := range pids {
+			eventually(t, exitTimeout, fmt.Sprintf("background process %d to end", pid), func() bool {
+				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				return err != nil || strings.Contains(string(stat), ") Z ")
+			})
+		}
+	})
+
+	t.Run("SIGQUIT is passed to the command", func(t *testing.T) {
+		p := startProc(t, "run", env, lockagentBin, "run", "run/quit", "--", "sh", "-c",
+			`trap "echo quit; exit 3" QUIT; echo ready; while :; do sleep 0.05; done`)
+		p.waitOutput(t, "ready", exitTimeout)
+		p.signal(t, syscall.SIGQUIT)
+		require.Equal(t, 3, p.wait(t, exitTimeout), "run's exit status")
+		require.Contains(t, p.stdout.String(), "quit")
+		requireFree(t, "run/quit", 0)
+	})
+
+	t.Run("ttl", func(t *testing.T) {
+		r := lockagent(t, env, "run", "-ttl", "2s", "run/ttl", "--", "sh", "-c", "echo $LOCKAGENT_LEASE")
+		requireCode(t, 0, r, "run -ttl")
+		p := startProc(t, "run", env, lockagentBin, "run", "-ttl", "2s", "run/ttl", "--", "sh", "-c", "echo ready; sleep 1000")
+		p.waitOutput(t, "ready", exitTimeout)
+		var res struct {
+			Holders []struct {
+				ExpiresIn int64 `json:"expires_in_ms"`
+			} `json:"holders"`
+		}
+		call(t, c, "inspect", map[string]any{"name": "run/ttl"}, &res)
+		require.Len(t, res.Holders, 1)
+		require.LessOrEqual(t, res.Holders[0].ExpiresIn, int64(2000), "the lease's TTL is -ttl's")
+		p.signal(t, syscall.SIGTERM)
+		p.wait(t, exitTimeout)
+	})
+
+	t.Run("usage errors", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"-wait", "-2s", "run/usage", "--", "true"},
+			{"-grace", "-1s", "run/usage", "--", "true"},
+			{"-ttl", "-1s", "run/usage", "--", "true"},
+			{"-elect", "run/usage", "-shared", "--", "true"},
+			{"-elect", "run/usage", "-wait", "1s", "--", "true"},
+			{"run/usage", "true"},
+		} {
+			r := lockagent(t, env, append([]string{"run"}, args...)...)
+			requireCode(t, 2, r, fmt.Sprintf("run %q", args))
+		}
+	})
+
 	t.Run("shared", func(t *testing.T) {
 		l := mustAcquire(t, c, "run/shared", map[string]any{"mode": "shared"})
 		r := lockagent(t, env, "run", "-shared", "-wait", "2s", "run/shared", "--", "sh", "-c", "exit 0")

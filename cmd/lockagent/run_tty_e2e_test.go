@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,4 +148,61 @@ func TestRunEndsWithoutTheAgent(t *testing.T) {
 	start := time.Now()
 	require.Equal(t, 3, p.wait(t, byeTimeout+exitTimeout), "the command's status")
 	require.GreaterOrEqual(t, time.Since(start), byeTimeout-time.Second, "run asked the agent first")
+}
+
+// TestRunSignalBeforeTheCommand: until the command runs, a signal stops
+// run (128+N), also while it waits on an agent that does not answer: its
+// hello (a wedged agent, or systemd holding the socket of one that does
+// not start), or a campaign's answer with -elect.
+func TestRunSignalBeforeTheCommand(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		answer string // the op the fake agent answers; it never answers the others
+		args   []string
+	}{
+		{"hello", "", []string{"run", "sig/hello", "--", "true"}},
+		{"campaign", "hello", []string{"run", "-elect", "sig/campaign", "--", "true"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			socket := filepath.Join(t.TempDir(), "deaf.sock")
+			ln, err := net.Listen("unix", socket)
+			require.NoError(t, err)
+			defer ln.Close()
+			asked := make(chan string, 4) // the ops the fake agent read
+			go func() {
+				nc, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer nc.Close()
+				sc := bufio.NewScanner(nc)
+				for sc.Scan() {
+					var req struct {
+						ID any    `json:"id"`
+						Op string `json:"op"`
+					}
+					if json.Unmarshal(sc.Bytes(), &req) != nil {
+						return
+					}
+					asked <- req.Op
+					if req.Op == tc.answer {
+						id, _ := json.Marshal(req.ID)
+						fmt.Fprintf(nc, `{"id":%s,"ok":true}`+"\n", id)
+					}
+				}
+			}()
+			p := startProc(t, "run", []string{"LOCKAGENT_SOCKET=" + socket}, lockagentBin, tc.args...)
+			for op := tc.answer; op == tc.answer; {
+				select {
+				case op = <-asked:
+				case <-time.After(exitTimeout):
+					t.Fatal("run never asked the agent")
+				}
+			}
+			p.signal(t, syscall.SIGTERM)
+			require.Equal(t, 128+int(syscall.SIGTERM), p.wait(t, exitTimeout), "run's exit status")
+		})
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -28,40 +29,57 @@ func runCmd(args []string, stderr io.Writer) error {
 	shared := fs.Bool("shared", false, "take the lock shared")
 	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long before SIGKILL")
 	elect := fs.String("elect", "", "campaign for leadership of `NAME`; run the command while leader")
-	ttl := fs.Duration("ttl", 0, "with -elect: the leadership lease's TTL (default: the agent's)")
+	ttl := fs.Duration("ttl", 0, "the lease's TTL (default: the agent's)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	rest := fs.Args()
 	var name string
 	var argv []string
 	switch {
 	case *elect != "":
 		// The flag parser consumed the "--" that ends the flags.
-		if len(rest) == 0 || len(args) <= len(rest) || args[len(args)-len(rest)-1] != "--" {
+		if len(rest) == 0 || len(args) <= len(rest) || args[len(args)-len(rest)-1] != "--" || given["wait"] || given["shared"] {
 			return usageError{"usage: lockagent run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]"}
 		}
 		name, argv = *elect, rest
 	case len(rest) < 3 || rest[1] != "--":
-		return usageError{"usage: lockagent run [-wait DUR] [-shared] NAME -- CMD [ARGS...]"}
+		return usageError{"usage: lockagent run [-wait DUR] [-shared] [-ttl DUR] [-grace DUR] NAME -- CMD [ARGS...]"}
 	default:
 		name, argv = rest[0], rest[2:]
 	}
+	switch {
+	case given["wait"] && *wait < 0:
+		return usageError{"-wait must not be negative (leave it out to wait without a limit)"}
+	case *grace < 0:
+		return usageError{"-grace must not be negative"}
+	case *ttl < 0:
+		return usageError{"-ttl must not be negative"}
+	}
 
-	// Signals that would stop us go to the command instead, once it runs.
+	// Signals that would stop us go to the command instead, once it runs;
+	// until then they stop run.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c, err := dial(ctx, *socket, "lockagent run")
+	var c *socketapi.Client
+	err := untilSignal(cancel, sigs, func() (err error) {
+		cctx, ccancel := context.WithTimeout(ctx, connectTimeout)
+		defer ccancel()
+		c, err = dial(cctx, *socket, "lockagent run")
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	if *elect != "" {
-		return runElected(ctx, c, name, argv, *ttl, *grace, sigs, stderr)
+		return runElected(ctx, cancel, c, name, argv, *ttl, *grace, sigs, stderr)
 	}
 
 	req := map[string]any{"name": name, "wait_ms": -1}
@@ -71,28 +89,28 @@ func runCmd(args []string, stderr io.Writer) error {
 	if *shared {
 		req["mode"] = "shared"
 	}
+	if *ttl > 0 {
+		req["ttl_ms"] = ttl.Milliseconds()
+	}
 	var res struct {
 		Acquired bool   `json:"acquired"`
 		Lease    string `json:"lease"`
 		Token    uint64 `json:"token"`
 		Reason   string `json:"reason"`
 	}
-	acquired := make(chan error, 1)
-	go func() { acquired <- c.Call(ctx, "acquire", req, &res) }()
-	select {
-	case err = <-acquired:
-	case sig := <-sigs:
-		return exitError{128 + int(sig.(syscall.Signal))}
-	}
-	if err != nil {
+	err = untilSignal(cancel, sigs, func() error { return c.Call(ctx, "acquire", req, &res) })
+	var exit exitError
+	switch {
+	case errors.As(err, &exit):
+		return err
+	case err != nil:
 		return fmt.Errorf("acquire %s: %w", name, err)
-	}
-	if !res.Acquired {
+	case !res.Acquired:
 		fmt.Fprintf(stderr, "lockagent: %s not acquired (%s)\n", name, res.Reason)
 		return exitError{exitTempFail}
 	}
 
-	cmd, exited, err := startCommand(argv, name, res.Lease, res.Token, stderr)
+	cmd, err := startCommand(argv, name, res.Lease, res.Token, stderr)
 	if err != nil {
 		return err
 	}
@@ -101,7 +119,10 @@ func runCmd(args []string, stderr io.Writer) error {
 	events := c.Events()
 	for {
 		select {
-		case err := <-exited:
+		case err := <-cmd.exited:
+			if kill != nil {
+				cmd.stopped()
+			}
 			// The lock is released before run returns, unless the
 			// agent does not answer (the connection's end releases it).
 			bctx, bcancel := context.WithTimeout(ctx, byeTimeout)
@@ -109,7 +130,7 @@ func runCmd(args []string, stderr io.Writer) error {
 			bcancel()
 			return exitStatus(err)
 		case sig := <-sigs:
-			relay(cmd.Process, sig)
+			cmd.relay(sig)
 		case ev, ok := <-events:
 			lost := !ok || (ev.Event == "lost" && ev.Lease == res.Lease) || ev.Event == "shutdown"
 			if !ok {
@@ -117,18 +138,49 @@ func runCmd(args []string, stderr io.Writer) error {
 			}
 			if lost && kill == nil {
 				fmt.Fprintf(stderr, "lockagent: lock %s lost (%s); stopping the command\n", name, lostReason(ev, ok))
-				cmd.Process.Signal(syscall.SIGTERM)
+				cmd.signal(syscall.SIGTERM)
 				kill = time.After(*grace)
 			}
 		case <-kill:
-			cmd.Process.Kill()
+			cmd.signal(syscall.SIGKILL)
 		}
 	}
 }
 
-// startCommand starts argv with the lease in its environment; its exit
-// status comes on the channel.
-func startCommand(argv []string, name, leaseID string, token uint64, stderr io.Writer) (*exec.Cmd, <-chan error, error) {
+// connectTimeout bounds reaching the agent and saying hello.
+const connectTimeout = 30 * time.Second
+
+// untilSignal runs f, which waits on the agent before the command runs,
+// unless a signal comes first: run then stops with 128+N, as the signal
+// would have stopped it, and cancel ends what f waits for. The agent
+// releases what the connection took when run exits.
+func untilSignal(cancel context.CancelFunc, sigs <-chan os.Signal, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case sig := <-sigs:
+		cancel()
+		return exitError{128 + int(sig.(syscall.Signal))}
+	}
+}
+
+// command is a command run started, under a lock or a term.
+type command struct {
+	p      *os.Process
+	exited <-chan error // its exit status, once it has ended
+	// group: the command leads a process group of its own, and what run
+	// sends it goes to the whole group, so that a lost lock stops the
+	// processes the command started too.
+	group bool
+}
+
+// startCommand starts argv with the lease in its environment. Outside a
+// terminal's foreground, it runs in a process group of its own (see
+// command.group); in the foreground it stays in run's, where the
+// terminal's signals and job control reach it.
+func startCommand(argv []string, name, leaseID string, token uint64, stderr io.Writer) (*command, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
 	cmd.Env = append(os.Environ(), "LOCKAGENT_TOKEN="+strconv.FormatUint(token, 10), "LOCKAGENT_LEASE="+leaseID, "LOCKAGENT_NAME="+name)
@@ -137,29 +189,49 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	// command still running would work without it. The kernel kills it
 	// when the thread that started it ends, which in Go is when the
 	// process does: run locks no goroutine to its thread.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	group := !inTerminalForeground()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: group}
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("run %s: %w", argv[0], err)
+		return nil, fmt.Errorf("run %s: %w", argv[0], err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	return cmd, exited, nil
+	return &command{p: cmd.Process, exited: exited, group: group}, nil
+}
+
+// signal sends sig to the command, or to its process group.
+func (c *command) signal(sig syscall.Signal) {
+	if c.group {
+		syscall.Kill(-c.p.Pid, sig)
+		return
+	}
+	c.p.Signal(sig)
+}
+
+// relay passes on a signal sent to run, unless a terminal sent it: a
+// terminal's SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and SIGHUP go to its whole
+// foreground process group, which the command then shares with run, and
+// it must not get them twice (to many tools a second Ctrl-C means "abort
+// at once").
+func (c *command) relay(sig os.Signal) {
+	if sig != syscall.SIGTERM && !c.group && inTerminalForeground() {
+		return
+	}
+	c.signal(sig.(syscall.Signal))
+}
+
+// stopped ends what is left of the command's process group once the
+// command has exited after its lock was lost: those processes got the
+// SIGTERM with it, and must not go on working without the lock.
+func (c *command) stopped() {
+	if c.group {
+		syscall.Kill(-c.p.Pid, syscall.SIGKILL)
+	}
 }
 
 // byeTimeout bounds how long run waits, once the command has ended, for
 // the agent to release the lock.
 const byeTimeout = 5 * time.Second
-
-// relay passes sig on to the command, unless a terminal sent it: a
-// terminal's SIGINT (Ctrl-C) and SIGHUP go to its whole foreground process
-// group, which the command shares with run, and it must not get them
-// twice (to many tools a second Ctrl-C means "abort at once").
-func relay(p *os.Process, sig os.Signal) {
-	if sig != syscall.SIGTERM && inTerminalForeground() {
-		return
-	}
-	p.Signal(sig)
-}
 
 // inTerminalForeground tells whether run's process group is the foreground
 // process group of its controlling terminal.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"syscall"
 	"time"
 
@@ -25,10 +24,18 @@ var errAgentGone = errors.New("the connection to the agent ended")
 // exited. If the command exits on its own while leader, run resigns, so
 // that another host takes over, and exits with its status. A signal to run
 // goes to the command; run then resigns and exits when it has ended.
-func runElected(ctx context.Context, c *socketapi.Client, name string, argv []string, ttl, grace time.Duration,
-	sigs <-chan os.Signal, stderr io.Writer) error {
-	cp, err := c.Campaign(ctx, name, socketapi.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
-	if err != nil {
+func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Client, name string, argv []string,
+	ttl, grace time.Duration, sigs <-chan os.Signal, stderr io.Writer) error {
+	var cp *socketapi.Campaign
+	err := untilSignal(cancel, sigs, func() (err error) {
+		cp, err = c.Campaign(ctx, name, socketapi.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
+		return err
+	})
+	var exit exitError
+	switch {
+	case errors.As(err, &exit):
+		return err
+	case err != nil:
 		return fmt.Errorf("campaign %s: %w", name, err)
 	}
 	resign := func() {
@@ -37,7 +44,7 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 		cp.Resign(rctx) // if the agent is gone, so is the campaign
 	}
 	var (
-		cmd      *exec.Cmd
+		cmd      *command
 		exited   <-chan error
 		term     *socketapi.Term // the term the command runs for
 		next     *socketapi.Term // won while the last term's command still stops
@@ -48,9 +55,12 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 	start := func(t *socketapi.Term) error {
 		fmt.Fprintf(stderr, "lockagent: elected leader of %s (token %d); starting the command\n", name, t.Token)
 		var err error
-		cmd, exited, err = startCommand(argv, name, t.Lease, t.Token, stderr)
-		term, stopping = t, false
-		return err
+		cmd, err = startCommand(argv, name, t.Lease, t.Token, stderr)
+		if err != nil {
+			return err
+		}
+		exited, term, stopping = cmd.exited, t, false
+		return nil
 	}
 	elected := cp.Elected()
 	for {
@@ -76,10 +86,10 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 			}
 		case <-termDone:
 			fmt.Fprintf(stderr, "lockagent: leadership of %s lost (%s); stopping the command\n", name, term.Reason())
-			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.signal(syscall.SIGTERM)
 			stopping, kill = true, time.After(grace)
 		case <-kill:
-			cmd.Process.Kill()
+			cmd.signal(syscall.SIGKILL)
 			kill = nil
 		case sig := <-sigs:
 			if cmd == nil {
@@ -87,19 +97,25 @@ func runElected(ctx context.Context, c *socketapi.Client, name string, argv []st
 				return exitError{128 + int(sig.(syscall.Signal))}
 			}
 			signaled = true
-			relay(cmd.Process, sig)
+			cmd.relay(sig)
 		case err := <-exited:
+			if stopping {
+				cmd.stopped()
+			}
 			cmd, exited, kill = nil, nil, nil
+			ended := false
 			select {
 			case <-term.Done():
+				ended = true
 			default:
-				// It ended on its own while this host leads.
-				fmt.Fprintf(stderr, "lockagent: the command ended while leader of %s; resigning\n", name)
-				resign()
-				return exitStatus(err)
 			}
 			switch {
 			case signaled:
+				resign()
+				return exitStatus(err)
+			case !ended:
+				// It ended on its own while this host leads.
+				fmt.Fprintf(stderr, "lockagent: the command ended while leader of %s; resigning\n", name)
 				resign()
 				return exitStatus(err)
 			case elected == nil:
