@@ -193,6 +193,14 @@ func TestValidate(t *testing.T) {
 			func(c *Config) { c.Socket.Path = "/" + strings.Repeat("s", 107) },
 			"socket.path: is 108 bytes long; a socket path has at most 107",
 		},
+		"socket path a directory": {
+			func(c *Config) { c.Socket.Path = "/" },
+			`socket.path: "/" names a directory, not a socket file`,
+		},
+		"socket path ending in a slash": {
+			func(c *Config) { c.Socket.Path = "/run/lockagent/" },
+			`socket.path: "/run/lockagent/" names a directory, not a socket file`,
+		},
 		"socket mode type bits": {
 			func(c *Config) { c.Socket.Mode = os.ModeSocket | 0o660 },
 			"socket.mode: 100000660 has bits beyond 0777",

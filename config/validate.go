@@ -45,6 +45,8 @@ func (c *Config) problems() []*fieldError {
 		bad("socket.path", "must not be empty")
 	case !filepath.IsAbs(s.Path):
 		bad("socket.path", "%q is not an absolute path", s.Path)
+	case strings.HasSuffix(s.Path, "/") || filepath.Base(s.Path) == "." || filepath.Base(s.Path) == "..":
+		bad("socket.path", "%q names a directory, not a socket file", s.Path)
 	case len(s.Path) > socketPathBytes:
 		bad("socket.path", "is %d bytes long; a socket path has at most %d", len(s.Path), socketPathBytes)
 	}
