@@ -628,3 +628,76 @@ func TestSessionsPerUID(t *testing.T) {
 	_, err = a.Open(agent.Peer{UID: 1000}, ttl, &conn{})
 	require.NoError(t, err, "the ended session made room")
 }
+
+// parted is a faulty backend of two parts, told by a name's prefix; the
+// renewals of names in hung/ hang, while hang is set, until their
+// deadline.
+type parted struct {
+	*faulty
+	hang atomic.Bool
+}
+
+func (p *parted) Part(name string) string {
+	part, _, _ := strings.Cut(name, "/")
+	return part
+}
+
+func (p *parted) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
+	for _, r := range reqs {
+		if p.hang.Load() && p.Part(r.Name) == "hung" {
+			<-ctx.Done()
+			errs := make([]error, len(reqs))
+			for i := range errs {
+				errs[i] = backend.ErrUnavailable
+			}
+			return errs
+		}
+	}
+	return p.faulty.Renew(ctx, reqs)
+}
+
+// TestRenewalsByPart: the renewals of a backend of parts go as a batch per
+// part. Leases of two parts, at risk (every renewal failed until late in
+// their TTL), are retried in batches, and one part then hangs: the
+// leases of the other part are renewed at once. In a batch with a lease
+// of the hung part, their answers would have waited for its answer,
+// until the batch's deadline, which is their own local deadline too:
+// they would be lost. (The leases renew at times spread by a jitter, so
+// that several batches mix the two parts.)
+func TestRenewalsByPart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mb, err := memory.Open(filepath.Join(t.TempDir(), "state"))
+		require.NoError(t, err)
+		defer mb.Close()
+		p := &parted{faulty: &faulty{Backend: mb}}
+		a := agent.New(agent.Config{Backend: p})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { a.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+
+		s, c := openSession(t, a)
+		part := map[string]string{} // by lease id
+		for i := range 8 {
+			for _, prefix := range []string{"hung", "ok"} {
+				l := mustAcquire(t, s, agent.AcquireRequest{Name: fmt.Sprintf("%s/%d", prefix, i), TTL: 3 * time.Second})
+				part[l.ID] = prefix
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		p.failRenew.Store(true) // the renewals from 0.9–1.1 s on fail, retried every 300 ms
+		time.Sleep(2100 * time.Millisecond)
+		p.failRenew.Store(false)
+		p.hang.Store(true) // the retries at 2.7–2.9 s: one part hangs, until the deadlines at 2.92 s
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+
+		lost := map[string]int{}
+		for _, ev := range c.got() {
+			if ev.Kind == "lost" {
+				lost[part[ev.Lease]]++
+			}
+		}
+		assert.Equal(t, map[string]int{"hung": 8}, lost, "only the hung part's leases are lost")
+	})
+}

@@ -266,7 +266,15 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 			a.wg.Add(1)
 			go func() {
 				defer a.wg.Done()
-				a.renew(ctx, r.batch, r.deadline)
+				parts := a.parts(r.batch)
+				for _, batch := range parts[1:] {
+					a.wg.Add(1)
+					go func() {
+						defer a.wg.Done()
+						a.renew(ctx, batch, r.deadline)
+					}()
+				}
+				a.renew(ctx, parts[0], r.deadline)
 			}()
 		}
 		timer.Reset(wait)
@@ -277,6 +285,40 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 		case <-a.kick:
 		}
 	}
+}
+
+// parts splits a batch of renewals by the backend's parts (see
+// backend.Parted), in order; most often there is one, and no copy.
+func (a *Agent) parts(batch []*lease) [][]*lease {
+	p, ok := a.b.(backend.Parted)
+	if !ok || len(batch) < 2 {
+		return [][]*lease{batch}
+	}
+	first := p.Part(batch[0].name)
+	var byPart map[string][]*lease
+	var order []string
+	for i, l := range batch[1:] {
+		part := p.Part(l.name)
+		if byPart == nil {
+			if part == first {
+				continue
+			}
+			byPart = map[string][]*lease{first: slices.Clone(batch[:i+1])}
+			order = append(order, first)
+		}
+		if byPart[part] == nil {
+			order = append(order, part)
+		}
+		byPart[part] = append(byPart[part], l)
+	}
+	if byPart == nil {
+		return [][]*lease{batch}
+	}
+	parts := make([][]*lease, len(order))
+	for i, part := range order {
+		parts[i] = byPart[part]
+	}
+	return parts
 }
 
 // renewRequests holds the slices of requests of renewals done, to be used

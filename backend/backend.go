@@ -180,3 +180,13 @@ type Backend interface {
 	// ErrClosed.
 	Close() error
 }
+
+// Parted is a Backend whose names live on independent servers (Redis
+// Cluster: the primary of each hash slot). Part names the server of a
+// name, "" when there is only one. The agent sends the renewals of each
+// part as a batch of its own, so that a server that hangs delays only
+// its own leases' answers: one batch's answers are applied together, and
+// a lease already close to its deadline would otherwise wait for them.
+type Parted interface {
+	Part(name string) string
+}

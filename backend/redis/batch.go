@@ -47,10 +47,7 @@ type nodeBatchers struct {
 // the batcher of no primary, whose calls fail or go where go-redis sends
 // them.
 func (n *nodeBatchers) of(ctx context.Context, key string) *batcher {
-	addr := ""
-	if node, err := n.c.MasterForKey(ctx, key); err == nil {
-		addr = node.Options().Addr
-	}
+	addr := n.primary(ctx, key)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	b := n.nodes[addr]
@@ -59,6 +56,15 @@ func (n *nodeBatchers) of(ctx context.Context, key string) *batcher {
 		n.nodes[addr] = b
 	}
 	return b
+}
+
+// primary is the address of the primary that serves key, as the client's
+// view of the cluster has it, or "" with no view yet.
+func (n *nodeBatchers) primary(ctx context.Context, key string) string {
+	if node, err := n.c.MasterForKey(ctx, key); err == nil {
+		return node.Options().Addr
+	}
+	return ""
 }
 
 // call is one script run through the batcher.

@@ -64,6 +64,16 @@ func startHungCluster(t *testing.T, n int) *hungCluster {
 func TestClusterRenewalsOfAHungPrimary(t *testing.T) {
 	h := startHungCluster(t, renewChunk)
 	ctx := t.Context()
+	// Part tells the primaries apart, for the agent to send their
+	// renewals apart.
+	hungPart := h.b.Part(h.hung[0])
+	require.NotEmpty(t, hungPart)
+	for _, name := range h.hung[:10] {
+		require.Equal(t, hungPart, h.b.Part(name), name)
+	}
+	for _, name := range h.healthy[:10] {
+		require.NotEqual(t, hungPart, h.b.Part(name), name)
+	}
 	var reqs []backend.RenewRequest
 	for _, name := range h.hung {
 		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l-" + name}, TTL: 10 * time.Second})

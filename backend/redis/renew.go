@@ -94,15 +94,26 @@ const (
 // to renewPerCall leases each (of one hash slot each on Cluster), all in
 // one pipelined round trip. Exclusive leases go to renewHeldScript, and
 // only those it did not renew to renewScript, in a second round trip. On
-// Cluster, each primary's leases go apart, concurrently.
+// Cluster, each primary's leases go apart, concurrently; the agent also
+// sends each primary's renewals as a batch of its own (Part), so that a
+// hung primary does not hold up the others' answers.
 func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	errs := make([]error, len(reqs))
-	if cc, ok := b.c.(*goredis.ClusterClient); ok {
-		b.renewPerNode(ctx, cc, reqs, errs)
+	if b.nodes != nil {
+		b.renewPerNode(ctx, reqs, errs)
 	} else {
 		b.renewAll(ctx, reqs, errs)
 	}
 	return errs
+}
+
+// Part is, on Cluster, the address of the primary that serves name (see
+// backend.Parted); outside Cluster, "": one server serves every name.
+func (b *Backend) Part(name string) string {
+	if b.nodes == nil {
+		return ""
+	}
+	return b.nodes.primary(context.Background(), b.holderKey(name))
 }
 
 // renewAll renews reqs a chunk at a time, setting errs.
@@ -121,7 +132,7 @@ func (b *Backend) renewAll(ctx context.Context, reqs []backend.RenewRequest, err
 // chunks and the second round trip after them would find the deadline
 // passed. Each goes through the cluster client, which follows MOVED and
 // ASK when a slot has moved since.
-func (b *Backend) renewPerNode(ctx context.Context, cc *goredis.ClusterClient, reqs []backend.RenewRequest, errs []error) {
+func (b *Backend) renewPerNode(ctx context.Context, reqs []backend.RenewRequest, errs []error) {
 	nodeOf := map[uint16]string{} // by slot, the primary's address
 	byNode := map[string][]int{}  // by primary, the leases' indexes
 	for i, r := range reqs {
@@ -130,9 +141,7 @@ func (b *Backend) renewPerNode(ctx context.Context, cc *goredis.ClusterClient, r
 		if !ok {
 			// With no view of the cluster yet, "": the renewals fail or
 			// go where go-redis sends them.
-			if node, err := cc.MasterForKey(ctx, b.holderKey(r.Name)); err == nil {
-				addr = node.Options().Addr
-			}
+			addr = b.nodes.primary(ctx, b.holderKey(r.Name))
 			nodeOf[slot] = addr
 		}
 		byNode[addr] = append(byNode[addr], i)
