@@ -619,7 +619,7 @@ class Client extends EventEmitter {
   /**
    * Who holds a name.
    * @param {string} name
-   * @returns {Promise<{locked: boolean, mode: string|null, holders: Array<{mode: string, token: number, meta: string, host: string, expiresInMs: number}>, lastToken: number}>}
+   * @returns {Promise<{locked: boolean, mode: string|null, holders: Array<{mode: string, token: number, meta: string, host: string, expiresInMs: number}>, lastToken: number, queued: number}>}
    */
   async inspect(name) {
     const res = await this._call('inspect', { name });
@@ -628,6 +628,7 @@ class Client extends EventEmitter {
       mode: res.mode,
       holders: res.holders.map(camelKeys),
       lastToken: res.last_token,
+      queued: res.queued ?? 0,
     };
   }
 

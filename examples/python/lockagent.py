@@ -348,7 +348,7 @@ _ERRORS = {
 Holder = collections.namedtuple("Holder", "mode token meta host expires_in_ms")
 
 #: What :meth:`Client.inspect` reports about a name.
-LockInfo = collections.namedtuple("LockInfo", "locked mode holders last_token")
+LockInfo = collections.namedtuple("LockInfo", "locked mode holders last_token queued")
 
 #: What :meth:`Lease.check` reports: confirmed with the backend at the time of the call.
 CheckResult = collections.namedtuple("CheckResult", "held token expires_in_ms")
@@ -1268,7 +1268,7 @@ class Client(_Core):
         """Who holds ``name``: a :class:`LockInfo`."""
         r = self._call("inspect", {"name": name})
         return LockInfo(bool(r.get("locked")), r.get("mode"), _holders(r.get("holders")),
-                        r.get("last_token", 0))
+                        r.get("last_token", 0), r.get("queued", 0))
 
     def list_sessions(self, all=False):
         """The sessions of this uid (every session with ``all``, for admins), as dicts."""
@@ -1675,7 +1675,7 @@ class AsyncClient(_Core):
         """Who holds ``name``: a :class:`LockInfo`."""
         r = await self._call("inspect", {"name": name})
         return LockInfo(bool(r.get("locked")), r.get("mode"), _holders(r.get("holders")),
-                        r.get("last_token", 0))
+                        r.get("last_token", 0), r.get("queued", 0))
 
     async def list_sessions(self, all=False):
         """The sessions of this uid (every session with ``all``, for admins), as dicts."""

@@ -257,11 +257,20 @@ class OpsTest(AgentTestCase):
 
     def test_inspect(self):
         c = self.client()
-        self.assertEqual(c.inspect("never/locked"), lockagent.LockInfo(False, None, [], 0))
+        self.assertEqual(c.inspect("never/locked"), lockagent.LockInfo(False, None, [], 0, 0))
         lease = c.acquire("i/1")
         lease.release()
         info = c.inspect("i/1")
         self.assertEqual((info.locked, info.last_token), (False, lease.token))
+        # A waiter shows as queued.
+        held = c.acquire("i/2")
+        waiter = self.client()
+        t = threading.Thread(target=lambda: waiter.acquire("i/2", wait=10).release())
+        t.start()
+        wait_until(lambda: c.inspect("i/2").queued == 1, what="the waiter to queue")
+        held.release()
+        t.join(10)
+        self.assertEqual(c.inspect("i/2").queued, 0)
 
     def test_list_all(self):
         a, b = self.client(client="a"), self.client(client="b")

@@ -154,7 +154,7 @@ describe('against an agent', () => {
     const a = await client({ client: 'inspector' });
     const name = unique('inv');
     const never = await a.inspect(unique('never'));
-    assert.deepEqual(never, { locked: false, mode: null, holders: [], lastToken: 0 });
+    assert.deepEqual(never, { locked: false, mode: null, holders: [], lastToken: 0, queued: 0 });
     const lease = await a.tryAcquire(name, { meta: 'nightly report', ttlMs: 5000 });
     const info = await a.inspect(name);
     assert.equal(info.locked, true);
@@ -177,6 +177,12 @@ describe('against an agent', () => {
     assert.ok(mine.leases[0].heldForMs >= 0);
     const all = await a.list({ all: true });
     assert.ok(all.some((s) => s.session === a.session));
+    // A waiter shows as queued.
+    const b = await client();
+    const waiting = b.acquire(name, { waitMs: 10000 });
+    await waitFor(async () => (await a.inspect(name)).queued === 1, { what: 'the waiter to queue' });
+    await lease.release();
+    await (await waiting).release();
   });
 
   test('check confirms a lease, and reports a broken one as not held', async () => {
