@@ -55,8 +55,8 @@ func runCmd(args []string, stderr io.Writer) error {
 		return usageError{"-wait must not be negative (leave it out to wait without a limit)"}
 	case *grace < 0:
 		return usageError{"-grace must not be negative"}
-	case *ttl < 0:
-		return usageError{"-ttl must not be negative"}
+	case *ttl < 0 || *ttl > 0 && *ttl < time.Millisecond:
+		return usageError{"-ttl must be at least 1ms"}
 	}
 
 	// Signals that would stop us go to the command instead, once it runs;
@@ -120,9 +120,6 @@ func runCmd(args []string, stderr io.Writer) error {
 	for {
 		select {
 		case err := <-cmd.exited:
-			if kill != nil {
-				cmd.stopped()
-			}
 			// The lock is released before run returns, unless the
 			// agent does not answer (the connection's end releases it).
 			bctx, bcancel := context.WithTimeout(ctx, byeTimeout)
@@ -166,20 +163,16 @@ func untilSignal(cancel context.CancelFunc, sigs <-chan os.Signal, f func() erro
 	}
 }
 
-// command is a command run started, under a lock or a term.
+// command is a command run started, under a lock or a term. What run
+// sends goes to the command itself, not to processes it started: a
+// process group of its own would break the command's own setsid and a
+// terminal's job control.
 type command struct {
 	p      *os.Process
 	exited <-chan error // its exit status, once it has ended
-	// group: the command leads a process group of its own, and what run
-	// sends it goes to the whole group, so that a lost lock stops the
-	// processes the command started too.
-	group bool
 }
 
-// startCommand starts argv with the lease in its environment. Outside a
-// terminal's foreground, it runs in a process group of its own (see
-// command.group); in the foreground it stays in run's, where the
-// terminal's signals and job control reach it.
+// startCommand starts argv with the lease in its environment.
 func startCommand(argv []string, name, leaseID string, token uint64, stderr io.Writer) (*command, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
@@ -189,44 +182,28 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	// command still running would work without it. The kernel kills it
 	// when the thread that started it ends, which in Go is when the
 	// process does: run locks no goroutine to its thread.
-	group := !inTerminalForeground()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: group}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("run %s: %w", argv[0], err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	return &command{p: cmd.Process, exited: exited, group: group}, nil
+	return &command{p: cmd.Process, exited: exited}, nil
 }
 
-// signal sends sig to the command, or to its process group.
-func (c *command) signal(sig syscall.Signal) {
-	if c.group {
-		syscall.Kill(-c.p.Pid, sig)
-		return
-	}
-	c.p.Signal(sig)
-}
+// signal sends sig to the command.
+func (c *command) signal(sig syscall.Signal) { c.p.Signal(sig) }
 
 // relay passes on a signal sent to run, unless a terminal sent it: a
 // terminal's SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and SIGHUP go to its whole
-// foreground process group, which the command then shares with run, and
-// it must not get them twice (to many tools a second Ctrl-C means "abort
-// at once").
+// foreground process group, which the command shares with run, and it
+// must not get them twice (to many tools a second Ctrl-C means "abort at
+// once").
 func (c *command) relay(sig os.Signal) {
-	if sig != syscall.SIGTERM && !c.group && inTerminalForeground() {
+	if sig != syscall.SIGTERM && inTerminalForeground() {
 		return
 	}
 	c.signal(sig.(syscall.Signal))
-}
-
-// stopped ends what is left of the command's process group once the
-// command has exited after its lock was lost: those processes got the
-// SIGTERM with it, and must not go on working without the lock.
-func (c *command) stopped() {
-	if c.group {
-		syscall.Kill(-c.p.Pid, syscall.SIGKILL)
-	}
 }
 
 // byeTimeout bounds how long run waits, once the command has ended, for

@@ -99,9 +99,6 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 			signaled = true
 			cmd.relay(sig)
 		case err := <-exited:
-			if stopping {
-				cmd.stopped()
-			}
 			cmd, exited, kill = nil, nil, nil
 			ended := false
 			select {

@@ -684,6 +684,7 @@ class Client extends EventEmitter {
    */
   async close() {
     if (this._closeCalled) return;
+    const closedBefore = this._closed;
     this._closeCalled = this._closed = true;
     this._stopReconnect.abort();
     // A reconnect under way ends first (a resume it completes is closed).
@@ -711,7 +712,7 @@ class Client extends EventEmitter {
     this._sock?.destroy();
     this._failPending(closedError());
     for (const w of this._readyWaiters.splice(0)) w.reject(closedError());
-    this.emit('close');
+    if (!closedBefore) this.emit('close'); // else the break closed it, and said so
   }
 
   // ----------------------------------------------------------- internals
