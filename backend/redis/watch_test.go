@@ -14,6 +14,22 @@ import (
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
+// startWatches starts a Redis, a fault proxy before it, and the watches
+// of a client through the proxy, whose subscription connection is up (a
+// watch of another channel) before the test changes the link.
+func startWatches(t *testing.T) (*redistest.Server, *faultproxy.Proxy, *watches) {
+	srv := redistest.Start(t, redistest.Options{})
+	px := faultproxy.New(t, srv.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: px.Addr()})
+	t.Cleanup(func() { c.Close() })
+	w := newWatches(c, hclog.NewNullLogger())
+	t.Cleanup(w.close)
+	_, stopWarm, err := w.watch(context.Background(), "warm", "t0")
+	require.NoError(t, err)
+	stopWarm()
+	return srv, px, w
+}
+
 // TestWatchAfterAnAbandonedOne: a watch given up before Redis confirmed
 // its SUBSCRIBE, then a new watch of the channel, over a link of 500 ms
 // each way. The confirmation of the first SUBSCRIBE must not pass for the
@@ -26,23 +42,12 @@ import (
 // confirmation comes back, at 1 s; the release is published at 1.25 s,
 // which fell between an UNSUBSCRIBE at 1.1 s and a SUBSCRIBE at 1.4 s.
 func TestWatchAfterAnAbandonedOne(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
-	px := faultproxy.New(t, srv.Addr())
-	c := goredis.NewClient(&goredis.Options{Addr: px.Addr()})
-	defer c.Close()
-	w := newWatches(c, hclog.NewNullLogger())
-	defer w.close()
+	srv, px, w := startWatches(t)
 	direct := srv.Client(t)
 	const channel = "wa:lk:{n}:c"
-
-	// The subscription's connection is up (a watch of another channel)
-	// before the link slows down.
-	_, stopWarm, err := w.watch(context.Background(), "wa:warm", "t0")
-	require.NoError(t, err)
-	stopWarm()
 	px.Delay(500 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
-	_, _, err = w.watch(ctx, channel, "t1")
+	_, _, err := w.watch(ctx, channel, "t1")
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded, "given up before the confirmation")
 
@@ -66,16 +71,7 @@ func TestWatchAfterAnAbandonedOne(t *testing.T) {
 // SUBSCRIBE stuck behind that lock. Once the link heals, a new watch gets
 // its notification.
 func TestWatchesDuringAHungReconnect(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
-	px := faultproxy.New(t, srv.Addr())
-	c := goredis.NewClient(&goredis.Options{Addr: px.Addr()})
-	defer c.Close()
-	w := newWatches(c, hclog.NewNullLogger())
-	defer w.close()
-
-	_, stopWarm, err := w.watch(context.Background(), "hr:warm", "t0")
-	require.NoError(t, err)
-	stopWarm()
+	srv, px, w := startWatches(t)
 	dialed := px.Conns()
 	px.Blackhole()
 	px.ResetAll()
