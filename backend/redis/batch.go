@@ -39,7 +39,13 @@ type nodeBatchers struct {
 	c *goredis.ClusterClient
 
 	mu    sync.Mutex
-	nodes map[string]*batcher // by the primary's address
+	nodes map[string]*nodeBatcher // by the primary's address
+}
+
+// nodeBatcher is a primary's batcher and when it was last asked for.
+type nodeBatcher struct {
+	b    *batcher
+	used time.Time
 }
 
 // of returns the batcher of the primary that serves key, as the client's
@@ -47,16 +53,33 @@ type nodeBatchers struct {
 // the batcher of no primary, whose calls fail or go where go-redis sends
 // them.
 func (n *nodeBatchers) of(ctx context.Context, key string) *batcher {
-	addr := n.primary(ctx, key)
+	return n.at(n.primary(ctx, key), time.Now())
+}
+
+// at returns the batcher of the primary at addr, asked for at now. A new
+// primary (the cluster's topology changed) first drops the batchers
+// nobody asked for in the last pruneAfter, those of primaries gone or
+// moved: a batcher holds no state but its calls, and one dropped while
+// calls are still in flight on it lets them finish.
+func (n *nodeBatchers) at(addr string, now time.Time) *batcher {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	b := n.nodes[addr]
-	if b == nil {
-		b = &batcher{c: n.c}
-		n.nodes[addr] = b
+	nb := n.nodes[addr]
+	if nb == nil {
+		for a, old := range n.nodes {
+			if now.Sub(old.used) >= pruneAfter {
+				delete(n.nodes, a)
+			}
+		}
+		nb = &nodeBatcher{b: &batcher{c: n.c}}
+		n.nodes[addr] = nb
 	}
-	return b
+	nb.used = now
+	return nb.b
 }
+
+// pruneAfter is how long a primary's batcher is kept unused.
+const pruneAfter = time.Minute
 
 // primary is the address of the primary that serves key, as the client's
 // view of the cluster has it, or "" with no view yet.

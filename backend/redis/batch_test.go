@@ -336,3 +336,30 @@ func TestReleaseWithoutDeadline(t *testing.T) {
 	assert.Less(t, took, releaseWait+2*time.Second, "go-redis alone would wait 10 s for the first answer")
 	t.Logf("the pipeline of a release without a deadline gave up after %v", took)
 }
+
+// TestPrimaryBatchersPruned: the batchers of primaries nobody asked for
+// in pruneAfter are dropped when a new primary appears, so that a cluster
+// whose nodes come and go does not grow the map for ever; those in use
+// stay, with their calls in flight.
+func TestPrimaryBatchersPruned(t *testing.T) {
+	n := &nodeBatchers{nodes: map[string]*nodeBatcher{}}
+	t0 := time.Now()
+	a := n.at("a:1", t0)
+	b := n.at("b:1", t0)
+	require.Same(t, a, n.at("a:1", t0.Add(pruneAfter/2)), "a primary keeps its batcher")
+
+	// Round robin over the live primaries, new ones appearing: nothing
+	// in use is dropped.
+	n.at("c:1", t0.Add(pruneAfter/2))
+	require.Len(t, n.nodes, 3)
+
+	// b:1 went away; a:1 and c:1 are still asked for.
+	later := t0.Add(pruneAfter/2 + pruneAfter)
+	require.Same(t, a, n.at("a:1", later))
+	n.at("c:1", later)
+	d := n.at("d:1", later)
+	require.Len(t, n.nodes, 3, "b:1's batcher is dropped")
+	assert.NotContains(t, n.nodes, "b:1")
+	assert.Same(t, d, n.at("d:1", later))
+	assert.NotSame(t, b, n.at("b:1", later), "a primary back gets a new batcher")
+}

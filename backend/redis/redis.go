@@ -69,7 +69,7 @@ func Open(ctx context.Context, o Options) (*Backend, error) {
 	}
 	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger}
 	if cc, ok := o.Client.(*goredis.ClusterClient); ok {
-		b.nodes = &nodeBatchers{c: cc, nodes: map[string]*batcher{}}
+		b.nodes = &nodeBatchers{c: cc, nodes: map[string]*nodeBatcher{}}
 	} else {
 		b.batch = &batcher{c: o.Client}
 	}
