@@ -1597,6 +1597,13 @@ class AsyncClient(_Core):
     client.close()``. Cancelling a task that waits in :meth:`acquire`
     cancels the acquire in the agent. Callbacks and ``on_event`` run on the
     event loop: keep them short; they may start tasks.
+
+    :meth:`close` wins over an :meth:`open` still under way (connecting, or
+    waiting for the answer to ``hello``): close() waits for that open to
+    stop and returns with the client closed, and the open raises
+    :class:`AgentConnectionError` ("the client is closed") once it has
+    ended the session its ``hello`` opened, if any. A closed client cannot
+    be opened again.
     """
 
     _lease_class = AsyncLease
@@ -1608,6 +1615,7 @@ class AsyncClient(_Core):
                          timeout, on_event)
         self._conn = None
         self._opened = False
+        self._opening = None  # done once open() has connected, or failed
         self._tasks = []
         self._up = None  # set while connected, and once closed
         self._stop = None
@@ -1620,20 +1628,40 @@ class AsyncClient(_Core):
         return client
 
     async def open(self):
-        """Connect and say hello (``async with`` does it)."""
+        """Connect and say hello (``async with`` does it).
+
+        Raises :class:`AgentConnectionError` ("the client is closed") if
+        :meth:`close` was called before it, or is called while it connects:
+        the session its ``hello`` opened, if any, is then ended first.
+        """
+        if self._close_called:
+            raise AgentConnectionError("the client is closed")
         if self._opened:
             return
         self._opened = True
         self._up = asyncio.Event()
         self._stop = asyncio.Event()
-        conn = await self._open()
-        if conn.dead:
-            raise AgentConnectionError("the connection to the agent at %s ended as it opened"
-                                       % self.path)
-        self._conn = conn
-        self._up.set()
-        if self.heartbeat and self.auto_heartbeat:
-            self._tasks.append(asyncio.ensure_future(self._beat()))
+        self._opening = asyncio.get_running_loop().create_future()
+        try:
+            try:
+                conn = await self._open()
+            except LockagentError as e:
+                if self._close_called:
+                    raise AgentConnectionError("the client is closed") from e
+                raise
+            if self._close_called:
+                # Closed while it said hello: end the session it opened.
+                await self._bye(conn)
+                raise AgentConnectionError("the client is closed")
+            if conn.dead:
+                raise AgentConnectionError("the connection to the agent at %s ended as it opened"
+                                           % self.path)
+            self._conn = conn
+            self._up.set()
+            if self.heartbeat and self.auto_heartbeat:
+                self._tasks.append(asyncio.ensure_future(self._beat()))
+        finally:
+            self._opening.set_result(None)
 
     async def __aenter__(self):
         await self.open()
@@ -1698,7 +1726,8 @@ class AsyncClient(_Core):
 
         A session with a ``session_ttl`` whose connection broke is resumed on
         a new connection to be ended, so that its leases are not left held
-        for the grace period.
+        for the grace period. An :meth:`open` under way ends first: it
+        raises AgentConnectionError, and its session, if any, is ended.
         """
         if self._close_called:
             return
@@ -1707,6 +1736,7 @@ class AsyncClient(_Core):
             return
         self._stop.set()
         self._up.set()
+        await asyncio.shield(self._opening)
         conn = self._conn
         if conn is not None:
             await self._bye(conn)
@@ -1736,15 +1766,21 @@ class AsyncClient(_Core):
 
     # -- transport
 
-    async def _open(self):
-        """Connect and say hello, resuming the session if it can."""
+    async def _connect(self):
+        """A new connection to the agent's socket: its reader and writer."""
         _check_private(self.path)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.path),
-                                                    self.timeout)
+            return await asyncio.wait_for(asyncio.open_unix_connection(self.path), self.timeout)
         except (OSError, asyncio.TimeoutError) as e:
             raise AgentConnectionError("cannot connect to the agent at %s: %s"
                                        % (self.path, e)) from e
+
+    async def _open(self):
+        """Connect and say hello, resuming the session if it can."""
+        reader, writer = await self._connect()
+        if self._close_called:
+            writer.close()  # closed while it connected: no session to open
+            raise AgentConnectionError("the client is closed")
         conn = _AsyncConn(reader, writer)
         conn.task = asyncio.ensure_future(self._read(conn))
         self._tasks = [task for task in self._tasks if not task.done()]
@@ -1891,7 +1927,7 @@ class AsyncClient(_Core):
     async def _connection(self, broken=None):
         """The current connection (other than ``broken``), waiting up to the
         timeout for a reconnect."""
-        if not self._opened:
+        if not self._opened and not self._closed:
             raise AgentConnectionError("the client is not open: use async with, "
                                        "AsyncClient.connect or open()")
         deadline = None if self.timeout is None else time.monotonic() + self.timeout

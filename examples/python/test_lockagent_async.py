@@ -160,6 +160,65 @@ class AsyncOpsTest(AsyncAgentTestCase):
         self.assertTrue(silent.closed)
 
 
+class AsyncCloseWhileOpeningTest(AsyncAgentTestCase):
+    @staticmethod
+    def hold_open(c, stage):
+        """Hold c's open() at ``stage`` ("connecting": before its connection
+        exists; "hello": the agent has answered hello, the client has yet to
+        take it in). Returns (reached, go): reached is set once open() waits
+        there, and setting go lets it go on."""
+        reached, go = asyncio.Event(), asyncio.Event()
+        if stage == "connecting":
+            connect = c._connect
+
+            async def held_connect():
+                reached.set()
+                await go.wait()
+                return await connect()
+
+            c._connect = held_connect
+        else:
+            call_on = c._call_on
+
+            async def held_call_on(conn, op, *args):
+                result = await call_on(conn, op, *args)
+                if op == "hello":
+                    reached.set()
+                    await go.wait()
+                return result
+
+            c._call_on = held_call_on
+        return reached, go
+
+    async def test_close_during_open_leaves_the_client_closed(self):
+        other = await self.client()
+        for stage in ("before", "connecting", "hello"):
+            with self.subTest(stage=stage):
+                name = "closing-" + stage
+                # A grace period: a session left behind would outlive the test.
+                c = lockagent.AsyncClient(self.agent.socket, client=name, session_ttl=30)
+                self.addAsyncCleanup(c.close)
+                if stage == "before":
+                    await c.close()
+                    opening = asyncio.ensure_future(c.open())
+                else:
+                    reached, go = self.hold_open(c, stage)
+                    opening = asyncio.ensure_future(c.open())
+                    await asyncio.wait_for(reached.wait(), 5)
+                    # open() goes on once close() has begun, and waits for it.
+                    asyncio.get_running_loop().call_soon(go.set)
+                    await asyncio.wait_for(c.close(), 5)
+                    self.assertTrue(opening.done(), "close() returned before open() ended")
+                with self.assertRaisesRegex(lockagent.AgentConnectionError, "the client is closed"):
+                    await opening
+                self.assertTrue(c.closed)
+                self.assertFalse(c.connected)
+                with self.assertRaisesRegex(lockagent.AgentConnectionError, "the client is closed"):
+                    await c.ping()
+                left = [s for s in await other.list_sessions() if s["client"] == name]
+                self.assertEqual(left, [], "no session is left behind")
+
+
 class AsyncAbandonTest(AsyncAgentTestCase):
     async def hold_answers(self, c):
         """Keep the client's reader from reading until the returned event is set."""
