@@ -491,7 +491,7 @@ class Client extends EventEmitter {
     this._sock = null;
     this._connected = false;
     this._closed = false;
-    this._closeCalled = false;
+    this._closing = null;
     this._saidBye = false;
     this._nextId = 0;
     this._pending = new Map();
@@ -680,12 +680,18 @@ class Client extends EventEmitter {
    * the connection closes. Pending calls reject with a ConnectionError.
    * A session with a grace period (`sessionTtlMs`) whose connection broke
    * is resumed on a new connection to be ended, so that its leases are
-   * not left held for the grace period. Safe to call more than once.
+   * not left held for the grace period. Safe to call more than once: every
+   * call resolves when the close is complete (they share one promise).
+   * @returns {Promise<void>}
    */
-  async close() {
-    if (this._closeCalled) return;
+  close() {
+    this._closing ??= this._close();
+    return this._closing;
+  }
+
+  async _close() {
     const closedBefore = this._closed;
-    this._closeCalled = this._closed = true;
+    this._closed = true;
     this._stopReconnect.abort();
     // A reconnect under way ends first (a resume it completes is closed).
     if (this._reconnecting) {

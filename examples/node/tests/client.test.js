@@ -338,6 +338,26 @@ describe('against an agent', () => {
     }
   });
 
+  test('a second close() resolves only once the first has ended the session', async () => {
+    const b = await client();
+    // Connected (the first says bye), and just after a break (it resumes the session to say bye).
+    for (const broken of [false, true]) {
+      const a = await client({ sessionTtlMs: 30000 });
+      const name = unique('close-twice');
+      const lease = await a.tryAcquire(name, { scope: 'session' });
+      let closeEmitted = false;
+      a.once('close', () => { closeEmitted = true; });
+      if (broken) a._sock.destroy();
+      const first = a.close();
+      await a.close();
+      assert.equal(closeEmitted, true, `the close is complete (broken: ${broken})`);
+      assert.equal(a.connected, false);
+      assert.equal(lease.released, true);
+      assert.ok(await b.tryAcquire(name), `free at once (broken: ${broken})`);
+      await first;
+    }
+  });
+
   test('Symbol.asyncDispose releases a lease and closes a client', async () => {
     assert.equal(typeof Symbol.asyncDispose, 'symbol', 'this Node has Symbol.asyncDispose');
     const a = await client();
