@@ -1195,6 +1195,7 @@ class Client(_Core):
         self._stop = threading.Event()
         self._threads = []
         self._conn = None
+        self._close_done = threading.Event()  # set once the first close() has ended
         conn = self._open()
         with self._cond:
             if conn.dead:
@@ -1292,20 +1293,30 @@ class Client(_Core):
         A session with a ``session_ttl`` whose connection broke is resumed on
         a new connection to be ended, so that its leases are not left held
         for the grace period. Not to be called from a callback.
+
+        Safe to call more than once, from any thread: every call returns
+        once the close is complete, a call made while another thread closes
+        the client too (it waits for that close to end).
         """
         self._not_on_reader()
         with self._cond:
-            if self._close_called:
-                return
-            self._close_called = self._closed = True
-            conn = self._conn
-            self._cond.notify_all()
-        self._stop.set()
-        if conn is not None:
-            self._bye(conn)
-        for t in self._threads:
-            t.join(self.timeout)
-        self._end_detached()
+            first = not self._close_called
+            if first:
+                self._close_called = self._closed = True
+                conn = self._conn
+                self._cond.notify_all()
+        if not first:
+            self._close_done.wait()
+            return
+        try:
+            self._stop.set()
+            if conn is not None:
+                self._bye(conn)
+            for t in self._threads:
+                t.join(self.timeout)
+            self._end_detached()
+        finally:
+            self._close_done.set()
 
     def _end_detached(self):
         """Ends the session if its connection broke before ``bye`` was
@@ -1583,6 +1594,10 @@ class _AsyncLockContext:
         return await self._lease.__aexit__(*exc)
 
 
+# The outcome of an AsyncClient.open() that was cancelled (or interrupted).
+_GAVE_UP = object()
+
+
 class AsyncClient(_Core):
     """An asyncio client of the agent, with the arguments and methods of
     :class:`Client`; the methods that talk to the agent are coroutines.
@@ -1604,6 +1619,11 @@ class AsyncClient(_Core):
     :class:`AgentConnectionError` ("the client is closed") once it has
     ended the session its ``hello`` opened, if any. A closed client cannot
     be opened again.
+
+    Concurrent calls from several tasks are safe: an :meth:`open` called
+    while another is under way waits for it and shares its outcome (it
+    returns once the client is connected, or raises the other's error),
+    and every :meth:`close` returns only once the close is complete.
     """
 
     _lease_class = AsyncLease
@@ -1615,7 +1635,10 @@ class AsyncClient(_Core):
                          timeout, on_event)
         self._conn = None
         self._opened = False
-        self._opening = None  # done once open() has connected, or failed
+        # The outcome of the last open(), done once it has ended: None if it
+        # connected, its exception if it failed, _GAVE_UP if it was cancelled.
+        self._opening = None
+        self._closing = None  # the task that closes the client, once close() is called
         self._tasks = []
         self._up = None  # set while connected, and once closed
         self._stop = None
@@ -1630,18 +1653,40 @@ class AsyncClient(_Core):
     async def open(self):
         """Connect and say hello (``async with`` does it).
 
+        Returns at once if the client is connected already. Called while
+        another task's open() is under way, it connects nothing itself: it
+        waits for that open() and shares its outcome, returning once the
+        client is connected, or raising the error that open() raised (should
+        that open() be cancelled instead, this one opens the client). After
+        an open() that failed, a new call tries again.
+
         Raises :class:`AgentConnectionError` ("the client is closed") if
         :meth:`close` was called before it, or is called while it connects:
         the session its ``hello`` opened, if any, is then ended first.
         """
-        if self._close_called:
-            raise AgentConnectionError("the client is closed")
-        if self._opened:
-            return
+        while True:
+            if self._close_called:
+                raise AgentConnectionError("the client is closed")
+            opening = self._opening
+            if opening is None:
+                break
+            if not opening.done():
+                # Another task opens the client: its outcome is this call's.
+                outcome = await asyncio.shield(opening)
+                if outcome is _GAVE_UP:
+                    continue  # cancelled: open it here (unless another waiter does)
+                if outcome is not None:
+                    raise outcome
+                return
+            if opening.result() is None:
+                return  # open already
+            break  # the last open() failed or was cancelled: try again
         self._opened = True
-        self._up = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._opening = asyncio.get_running_loop().create_future()
+        if self._up is None:
+            self._up = asyncio.Event()
+            self._stop = asyncio.Event()
+        opening = self._opening = asyncio.get_running_loop().create_future()
+        outcome = _GAVE_UP
         try:
             try:
                 conn = await self._open()
@@ -1660,8 +1705,12 @@ class AsyncClient(_Core):
             self._up.set()
             if self.heartbeat and self.auto_heartbeat:
                 self._tasks.append(asyncio.ensure_future(self._beat()))
+            outcome = None
+        except Exception as e:
+            outcome = e
+            raise
         finally:
-            self._opening.set_result(None)
+            opening.set_result(outcome)
 
     async def __aenter__(self):
         await self.open()
@@ -1728,14 +1777,23 @@ class AsyncClient(_Core):
         a new connection to be ended, so that its leases are not left held
         for the grace period. An :meth:`open` under way ends first: it
         raises AgentConnectionError, and its session, if any, is ended.
+
+        Safe to call more than once, from any task: every call returns once
+        the close is complete, a call made while another task closes the
+        client too (the calls share one close). Cancelling a call stops
+        only its wait: the close goes on.
         """
-        if self._close_called:
-            return
-        self._close_called = self._closed = True
+        if self._closing is None:
+            self._close_called = self._closed = True
+            if self._opened:
+                self._stop.set()
+                self._up.set()
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self):
         if not self._opened:
             return
-        self._stop.set()
-        self._up.set()
         await asyncio.shield(self._opening)
         conn = self._conn
         if conn is not None:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 import unittest
@@ -16,6 +17,23 @@ from harness import AgentTestCase, break_connection, drop_answer_with_connection
 def detached(client, session):
     """Whether the agent lists ``session`` as waiting to be resumed."""
     return any(s["session"] == session and not s["attached"] for s in client.list_sessions())
+
+
+def waits_in(thread, function):
+    """Whether ``thread`` is blocked in a wait (an event's, a condition's)
+    inside lockagent's ``function``, as its stack shows (CPython's
+    sys._current_frames): how a test tells a call that blocks from one
+    that is slow to return."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None or frame.f_code.co_name != "wait" \
+            or os.path.basename(frame.f_code.co_filename) != "threading.py":
+        return False
+    while frame is not None:
+        if frame.f_code.co_name == function \
+                and os.path.basename(frame.f_code.co_filename) == "lockagent.py":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class SocketPathTest(unittest.TestCase):
@@ -115,6 +133,71 @@ class ConnectTest(AgentTestCase):
         other.acquire("c/2")
         with self.assertRaises(lockagent.AgentConnectionError):
             c.ping()
+
+
+class ConcurrentCloseTest(AgentTestCase):
+    def hold(self, c, method, when=lambda *args: True):
+        """Hold c's ``method`` before it runs, for the calls ``when`` accepts.
+        Returns (reached, go, ran): reached is set once a call waits, go
+        lets it go on, and ran is set once the held call has returned."""
+        reached, go, ran = threading.Event(), threading.Event(), threading.Event()
+        original = getattr(c, method)
+
+        def held(*args, **kwargs):
+            if not when(*args):
+                return original(*args, **kwargs)
+            reached.set()
+            go.wait()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                ran.set()
+
+        setattr(c, method, held)
+        self.addCleanup(go.set)  # so that the client can close
+        return reached, go, ran
+
+    def test_a_second_close_returns_once_the_close_is_complete(self):
+        other = self.client()
+        # Connected: the first close() is held before its bye; just after a
+        # break: before it resumes the session to end it.
+        for broken in (False, True):
+            with self.subTest(broken=broken):
+                name = "close-twice/%s" % broken
+                c = self.client(session_ttl=30)
+                c.acquire(name, scope="session")
+                if broken:
+                    # Hidden, the socket lets no reconnect end the session first.
+                    self.agent.hide_socket()
+                    break_connection(c)
+                    wait_until(lambda: not c.connected, what="the client to see the break")
+                    reached, go, ran = self.hold(c, "_end_detached")
+                else:
+                    reached, go, ran = self.hold(c, "_call_on", lambda conn, op, *rest: op == "bye")
+                first = threading.Thread(target=c.close)
+                first.start()
+                self.assertTrue(reached.wait(5), "the first close() did not get to its end")
+                if broken:
+                    self.agent.unhide_socket()
+                seen = []
+
+                def second_close():
+                    c.close()
+                    seen.append(ran.is_set())
+
+                second = threading.Thread(target=second_close)
+                second.start()
+                wait_until(lambda: not second.is_alive() or waits_in(second, "close"),
+                           what="the second close() to return or wait")
+                go.set()
+                second.join(10)
+                first.join(10)
+                self.assertFalse(first.is_alive() or second.is_alive())
+                self.assertEqual(seen, [True], "the second close() returned before the first "
+                                               "had ended the session")
+                self.assertTrue(c.closed)
+                self.assertFalse(c.connected)
+                other.acquire(name)  # a try: free at once
 
 
 class AcquireTest(AgentTestCase):

@@ -219,6 +219,118 @@ class AsyncCloseWhileOpeningTest(AsyncAgentTestCase):
                 self.assertEqual(left, [], "no session is left behind")
 
 
+class AsyncConcurrentCallsTest(AsyncAgentTestCase):
+    def hold(self, c, method, when=lambda *args: True):
+        """Hold c's ``method`` (a coroutine) before it runs, for the calls
+        ``when`` accepts. Returns (reached, go, ran): reached is set once a
+        call waits, go lets it go on, ran is set once a held call returned."""
+        reached, go, ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        original = getattr(c, method)
+
+        async def held(*args, **kwargs):
+            if not when(*args):
+                return await original(*args, **kwargs)
+            reached.set()
+            await go.wait()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                ran.set()
+
+        setattr(c, method, held)
+        self.addCleanup(go.set)  # so that the client can close
+        return reached, go, ran
+
+    @staticmethod
+    async def call_concurrently(call, record):
+        """Start ``call()`` in a task of its own, which then records
+        ``record()`` (or the call's error); returns that task once the call
+        has returned or waits."""
+        entered = asyncio.Event()
+
+        async def run():
+            entered.set()
+            try:
+                await call()
+            except Exception as e:
+                return e
+            return record()
+
+        task = asyncio.ensure_future(run())
+        # The task runs on from entered.set() until it waits or ends,
+        # before this one is woken.
+        await entered.wait()
+        return task
+
+    async def test_a_second_close_returns_once_the_close_is_complete(self):
+        other = await self.client()
+        # Connected: the first close() is held before its bye; just after a
+        # break: before it resumes the session to end it.
+        for broken in (False, True):
+            with self.subTest(broken=broken):
+                name = "close-twice/%s" % broken
+                c = await self.client(session_ttl=30)
+                await c.acquire(name, scope="session")
+                if broken:
+                    # Hidden, the socket lets no reconnect end the session first.
+                    self.agent.hide_socket()
+                    break_connection(c)
+                    await eventually(self.ended(lambda: not c.connected),
+                                     what="the client to see the break")
+                    reached, go, ran = self.hold(c, "_end_detached")
+                else:
+                    reached, go, ran = self.hold(c, "_call_on", lambda conn, op, *rest: op == "bye")
+                first = asyncio.ensure_future(c.close())
+                await asyncio.wait_for(reached.wait(), 5)
+                if broken:
+                    self.agent.unhide_socket()
+                second = await self.call_concurrently(c.close, ran.is_set)
+                go.set()
+                _, ended = await asyncio.wait_for(asyncio.gather(first, second), 10)
+                self.assertTrue(ended, "the second close() returned before the first had "
+                                       "ended the session")
+                self.assertTrue(c.closed)
+                self.assertFalse(c.connected)
+                await other.acquire(name)  # a try: free at once
+
+    async def test_a_second_open_waits_for_the_first_and_shares_its_outcome(self):
+        other = await self.client()
+        for outcome in ("connected", "failed", "cancelled"):
+            with self.subTest(outcome=outcome):
+                name = "open-twice-" + outcome
+                c = lockagent.AsyncClient(self.agent.socket, client=name)
+                self.addAsyncCleanup(c.close)
+                reached, go, _ = self.hold(c, "_connect")
+                first = asyncio.ensure_future(c.open())
+                await asyncio.wait_for(reached.wait(), 5)
+                if outcome == "failed":
+                    self.agent.hide_socket()
+                second = await self.call_concurrently(c.open, lambda: c.connected)
+                if outcome == "cancelled":
+                    # The second open() goes on in its place.
+                    first.cancel()
+                    with self.assertRaises(asyncio.CancelledError):
+                        await first
+                    self.assertFalse(second.done())
+                go.set()
+                if outcome == "failed":
+                    with self.assertRaisesRegex(lockagent.AgentConnectionError, "cannot connect"):
+                        await first
+                    self.assertIs(await asyncio.wait_for(second, 5), first.exception())
+                    self.agent.unhide_socket()
+                    self.assertFalse(c.connected)
+                    await c.open()  # after a failed open(), a new one tries again
+                else:
+                    if outcome == "connected":
+                        await asyncio.wait_for(first, 5)
+                    self.assertIs(await asyncio.wait_for(second, 5), True,
+                                  "the second open() returned before the client was connected")
+                self.assertTrue(c.connected)
+                await c.ping()
+                sessions = [s for s in await other.list_sessions() if s["client"] == name]
+                self.assertEqual(len(sessions), 1, "one open() connected")
+
+
 class AsyncAbandonTest(AsyncAgentTestCase):
     async def hold_answers(self, c):
         """Keep the client's reader from reading until the returned event is set."""
