@@ -59,6 +59,15 @@ func runCmd(args []string, stderr io.Writer) error {
 		return usageError{"-ttl must be at least 1ms"}
 	}
 
+	// run adopts what the command leaves behind (see proctree.go), and
+	// reaps it when it ends.
+	if err := becomeSubreaper(); err != nil {
+		return err
+	}
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	defer signal.Stop(chld)
+
 	// Signals that would stop us go to the command instead, once it runs;
 	// until then they stop run.
 	sigs := make(chan os.Signal, 4)
@@ -79,7 +88,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	}
 	defer c.Close()
 	if *elect != "" {
-		return runElected(ctx, cancel, c, name, argv, *ttl, *grace, sigs, stderr)
+		return runElected(ctx, cancel, c, name, argv, *ttl, *grace, sigs, chld, stderr)
 	}
 
 	req := map[string]any{"name": name, "wait_ms": -1}
@@ -115,11 +124,19 @@ func runCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 
-	var kill <-chan time.Time
+	var (
+		kill     <-chan time.Time // set once the lock is lost
+		deadline time.Time        // when what is left of the command gets SIGKILL
+	)
 	events := c.Events()
 	for {
 		select {
 		case err := <-cmd.exited:
+			if kill != nil {
+				// What the command started must not work on without
+				// the lock either.
+				waitTree(deadline, stderr)
+			}
 			// The lock is released before run returns, unless the
 			// agent does not answer (the connection's end releases it).
 			bctx, bcancel := context.WithTimeout(ctx, byeTimeout)
@@ -128,6 +145,8 @@ func runCmd(args []string, stderr io.Writer) error {
 			return exitStatus(err)
 		case sig := <-sigs:
 			cmd.relay(sig)
+		case <-chld:
+			reapOrphans(cmd)
 		case ev, ok := <-events:
 			lost := !ok || (ev.Event == "lost" && ev.Lease == res.Lease) || ev.Event == "shutdown"
 			if !ok {
@@ -135,11 +154,11 @@ func runCmd(args []string, stderr io.Writer) error {
 			}
 			if lost && kill == nil {
 				fmt.Fprintf(stderr, "lockagent: lock %s lost (%s); stopping the command\n", name, lostReason(ev, ok))
-				cmd.signal(syscall.SIGTERM)
-				kill = time.After(*grace)
+				cmd.stop(syscall.SIGTERM, stderr)
+				deadline, kill = time.Now().Add(*grace), time.After(*grace)
 			}
 		case <-kill:
-			cmd.signal(syscall.SIGKILL)
+			cmd.stop(syscall.SIGKILL, stderr)
 		}
 	}
 }
@@ -163,10 +182,9 @@ func untilSignal(cancel context.CancelFunc, sigs <-chan os.Signal, f func() erro
 	}
 }
 
-// command is a command run started, under a lock or a term. What run
-// sends goes to the command itself, not to processes it started: a
-// process group of its own would break the command's own setsid and a
-// terminal's job control.
+// command is a command run started, under a lock or a term. A signal
+// relayed to run goes to the command itself; a lost lock stops the
+// processes it started too (see proctree.go).
 type command struct {
 	p      *os.Process
 	exited <-chan error // its exit status, once it has ended
@@ -193,6 +211,19 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 
 // signal sends sig to the command.
 func (c *command) signal(sig syscall.Signal) { c.p.Signal(sig) }
+
+// stop sends sig to the command and to every process it started, which
+// are all of run's descendants; only to the command if /proc cannot tell
+// them.
+func (c *command) stop(sig syscall.Signal, stderr io.Writer) {
+	living, _, err := descendants()
+	if err != nil {
+		fmt.Fprintf(stderr, "lockagent: %v; signalling the command only\n", err)
+		c.signal(sig)
+		return
+	}
+	signalAll(living, sig)
+}
 
 // relay passes on a signal sent to run, unless a terminal sent it: a
 // terminal's SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and SIGHUP go to its whole

@@ -19,13 +19,15 @@ var errAgentGone = errors.New("the connection to the agent ended")
 // runElected is `run -elect`: it campaigns for name and runs argv whenever
 // this host leads. Each term starts the command, with the term's lease and
 // token in its environment; when the term ends (lost, broken) the command
-// gets SIGTERM, then SIGKILL after grace, and the agent contends again on
-// its own. The command of a new term starts only once the last one has
-// exited. If the command exits on its own while leader, run resigns, so
-// that another host takes over, and exits with its status. A signal to run
-// goes to the command; run then resigns and exits when it has ended.
+// and every process it started get SIGTERM, then SIGKILL after grace, and
+// the agent contends again on its own. The command of a new term starts
+// only once the last one and its processes have ended. If the command
+// exits on its own while leader, run resigns, so that another host takes
+// over, and exits with its status. A signal to run goes to the command;
+// run then resigns and exits when it has ended. chld tells of a child of
+// run that ended.
 func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Client, name string, argv []string,
-	ttl, grace time.Duration, sigs <-chan os.Signal, stderr io.Writer) error {
+	ttl, grace time.Duration, sigs, chld <-chan os.Signal, stderr io.Writer) error {
 	var cp *socketapi.Campaign
 	err := untilSignal(cancel, sigs, func() (err error) {
 		cp, err = c.Campaign(ctx, name, socketapi.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
@@ -50,7 +52,8 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 		next     *socketapi.Term // won while the last term's command still stops
 		stopping bool            // the command was told to stop: its term ended
 		kill     <-chan time.Time
-		signaled bool // run was told to stop
+		deadline time.Time // when what is left of a stopped command gets SIGKILL
+		signaled bool      // run was told to stop
 	)
 	start := func(t *socketapi.Term) error {
 		fmt.Fprintf(stderr, "lockagent: elected leader of %s (token %d); starting the command\n", name, t.Token)
@@ -86,11 +89,13 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 			}
 		case <-termDone:
 			fmt.Fprintf(stderr, "lockagent: leadership of %s lost (%s); stopping the command\n", name, term.Reason())
-			cmd.signal(syscall.SIGTERM)
-			stopping, kill = true, time.After(grace)
+			cmd.stop(syscall.SIGTERM, stderr)
+			stopping, deadline, kill = true, time.Now().Add(grace), time.After(grace)
 		case <-kill:
-			cmd.signal(syscall.SIGKILL)
+			cmd.stop(syscall.SIGKILL, stderr)
 			kill = nil
+		case <-chld:
+			reapOrphans(cmd)
 		case sig := <-sigs:
 			if cmd == nil {
 				resign()
@@ -99,13 +104,22 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 			signaled = true
 			cmd.relay(sig)
 		case err := <-exited:
-			cmd, exited, kill = nil, nil, nil
 			ended := false
 			select {
 			case <-term.Done():
 				ended = true
 			default:
 			}
+			if ended {
+				// What the command started must not work on after its
+				// term either, nor beside the next term's command.
+				if !stopping { // it exited as the term ended
+					cmd.stop(syscall.SIGTERM, stderr)
+					deadline = time.Now().Add(grace)
+				}
+				waitTree(deadline, stderr)
+			}
+			cmd, exited, kill = nil, nil, nil
 			switch {
 			case signaled:
 				resign()
