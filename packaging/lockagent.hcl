@@ -19,11 +19,11 @@ log_format = "text"                 # or "json"; the journal gets each entry's p
 
 backend "memory" {}                 # locks for the processes of this host
 
-# To share locks between hosts, use Redis instead. Put its password in
-# /etc/credstore/lockagent.redis.password (mode 0600, owned by root): the
-# service loads it as its credential redis.password.
+# To share locks between hosts, use Redis instead of the block above. Put
+# its password in /etc/credstore/lockagent.redis.password (mode 0600, owned
+# by root): the service loads it as its credential redis.password.
 #
 # backend "redis" {
-#   addresses     = ["10.0.0.5:6379"]
-#   password_file = "/run/credentials/lockagent.service/redis.password"
+#   addresses           = ["10.0.0.5:6379"]
+#   password_credential = "redis.password"
 # }
