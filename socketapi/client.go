@@ -146,20 +146,20 @@ func SocketPath(explicit string) string {
 
 // Dial connects to the agent at path, or at SocketPath("") if path is
 // empty. The session opens with the first request: call Hello first to
-// set its options.
+// set its options. Its errors are *net.OpError, naming the path.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	path = SocketPath(path)
 	// In the temporary directory, anybody could have made the directory
 	// and serve an agent of theirs there.
 	if dir := filepath.Dir(path); dir == config.PrivateSocketDir() {
 		if err := checkPrivate(dir); err != nil {
-			return nil, fmt.Errorf("dial %s: %w", path, err)
+			return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: err}
 		}
 	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", path, err)
+		return nil, err // a *net.OpError, naming the path
 	}
 	c := &Client{nc: nc, events: make(chan Event, eventBuffer), pending: make(map[string]pendingCall),
 		closing: make(chan struct{}), done: make(chan struct{})}

@@ -3,27 +3,66 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/lockagent/lockagent/socketapi"
 )
 
+// helloTimeout bounds the wait for the agent's answer to hello, which it
+// gives at once: a socket that accepts connections and answers nothing is
+// an agent that is stuck, or no agent at all.
+const helloTimeout = 5 * time.Second
+
 // dial connects to the agent at socket (the -socket flag), found as
-// socketapi.SocketPath finds it, and says hello as client.
+// socketapi.SocketPath finds it, and says hello as client. Its errors say
+// what to do about them.
 func dial(ctx context.Context, socket, client string) (*socketapi.Client, error) {
-	c, err := socketapi.Dial(ctx, socketapi.SocketPath(socket))
+	path := socketapi.SocketPath(socket)
+	c, err := socketapi.Dial(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the agent: %w", err)
+		return nil, reachError(path, err)
 	}
-	if _, err := c.Hello(ctx, socketapi.HelloOptions{Client: client}); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, helloTimeout)
+	defer cancel()
+	if _, err := c.Hello(hctx, socketapi.HelloOptions{Client: client}); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("hello: %w", err)
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("the agent at %s accepted the connection but did not answer in %s: "+
+				"see its log (journalctl -u lockagent, systemctl status lockagent)", path, helloTimeout)
+		}
+		return nil, fmt.Errorf("hello to the agent at %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// reachError explains why the socket at path could not be connected to.
+func reachError(path string, err error) error {
+	cause := err
+	var op *net.OpError
+	if errors.As(err, &op) {
+		cause = op.Err
+	}
+	var hint string
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		hint = "is the agent running? Start it (lockagent agent, or systemctl start lockagent.socket), " +
+			"or name its socket with -socket or LOCKAGENT_SOCKET"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		hint = "the socket file is left from an agent that is gone: start the agent again"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		hint = "the socket admits its owner and the members of its group; for the packaged agent, " +
+			"add the user to the lockagent group (sudo usermod -aG lockagent USER) and log in again"
+	default:
+		return fmt.Errorf("cannot reach the agent at %s: %w", path, cause)
+	}
+	return fmt.Errorf("cannot reach the agent at %s: %w (%s)", path, cause, hint)
 }
 
 func ctlCmd(args []string, stdout, stderr io.Writer) error {
@@ -40,7 +79,9 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		asJSON = fs.Bool("json", false, "print JSON")
 	}
-	if err := parseFlags(fs, rest); err != nil {
+	// Flags may come after a lock name too: ctl inspect NAME -socket P.
+	names, err := parseInterspersed(fs, rest)
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -48,7 +89,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 
 	switch sub {
 	case "list":
-		if fs.NArg() != 0 {
+		if len(names) != 0 {
 			return usageError{"ctl list takes no arguments"}
 		}
 		c, err := dial(ctx, *socket, "lockagent ctl")
@@ -81,14 +122,15 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		printList(stdout, res)
 		return nil
 	case "status":
-		if fs.NArg() != 0 {
+		if len(names) != 0 {
 			return usageError{"ctl status takes no arguments"}
 		}
 		return status(ctx, *socket, *asJSON, stdout)
 	case "inspect", "break":
-		if fs.NArg() != 1 {
+		if len(names) != 1 {
 			return usageError{fmt.Sprintf("ctl %s takes one lock name", sub)}
 		}
+		name := names[0]
 		c, err := dial(ctx, *socket, "lockagent ctl")
 		if err != nil {
 			return err
@@ -98,17 +140,17 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			var res struct {
 				Broken int `json:"broken"`
 			}
-			if err := c.Call(ctx, "break", map[string]any{"name": fs.Arg(0)}, &res); err != nil {
+			if err := c.Call(ctx, "break", map[string]any{"name": name}, &res); err != nil {
 				return fmt.Errorf("break: %w", err)
 			}
-			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", fs.Arg(0), res.Broken)
+			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", name, res.Broken)
 			return nil
 		}
 		var res json.RawMessage
-		if err := c.Call(ctx, "inspect", map[string]any{"name": fs.Arg(0)}, &res); err != nil {
+		if err := c.Call(ctx, "inspect", map[string]any{"name": name}, &res); err != nil {
 			return fmt.Errorf("inspect: %w", err)
 		}
-		return printInspect(stdout, fs.Arg(0), res)
+		return printInspect(stdout, name, res)
 	default:
 		return usageError{fmt.Sprintf("unknown ctl subcommand %q", sub)}
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -259,6 +260,13 @@ func TestConfigCheck(t *testing.T) {
 	require.Regexp(t, `(?m)^log_level\s*=\s*"debug"$`, r.stdout)
 	require.Regexp(t, `(?m)^\s+path\s*=\s*"/tmp/la-e2e-check.sock"$`, r.stdout, "LOCKAGENT_SOCKET applies")
 	require.Contains(t, r.stdout, `backend "memory"`)
+	require.True(t, strings.HasPrefix(r.stdout, "# The effective configuration of "+good+".\n"), "the file checked, first:\n%s", r.stdout)
+
+	// Without -config, the defaults are checked, and the output says so.
+	r = lockagent(t, []string{"LOCKAGENT_SOCKET=/tmp/la-e2e-check.sock"}, "config", "check")
+	requireCode(t, 0, r, "config check without -config")
+	require.True(t, strings.HasPrefix(r.stdout, "# No -config FILE given: the built-in defaults"), "the defaults, said first:\n%s", r.stdout)
+	require.Contains(t, r.stdout, `backend "memory"`)
 
 	bad := filepath.Join(dir, "bad.hcl")
 	require.NoError(t, os.WriteFile(bad, fmt.Appendf(nil, "state_dir = %q\nlog_level = \"verbose\"\n", state), 0o600))
@@ -500,6 +508,14 @@ func TestCtlInspect(t *testing.T) {
 	r = lockagent(t, e.clientEnv(), "ctl", "inspect", "bad name")
 	requireCode(t, 1, r, "ctl inspect of an invalid name")
 	require.Contains(t, r.stderr, "invalid_name")
+
+	// Flags may follow the name; after "--", a name may look like a flag.
+	r = lockagent(t, nil, "ctl", "inspect", "ctl/held", "-socket", e.socket)
+	requireCode(t, 0, r, "ctl inspect NAME -socket")
+	require.Equal(t, fmt.Sprintf("ctl/held: free (last token %d)\n", l.Token), r.stdout)
+	r = lockagent(t, nil, "ctl", "inspect", "-socket", e.socket, "--", "-held")
+	requireCode(t, 0, r, "ctl inspect -- -held")
+	require.Equal(t, "-held: free (last token 0)\n", r.stdout)
 }
 
 func TestCtlBreak(t *testing.T) {
@@ -509,7 +525,7 @@ func TestCtlBreak(t *testing.T) {
 	holder := dialAgent(t, e.socket, "e2e-holder")
 	l := mustAcquire(t, holder, "ctl/break", nil)
 
-	r := lockagent(t, e.clientEnv(), "ctl", "break", "ctl/break")
+	r := lockagent(t, nil, "ctl", "break", "ctl/break", "-socket", e.socket)
 	requireCode(t, 0, r, "ctl break")
 	require.Equal(t, "ctl/break: 1 lease(s) broken\n", r.stdout)
 	ev := waitEvent(t, holder, "lost", exitTimeout)
@@ -558,6 +574,51 @@ func TestClientCommandsWithoutAgent(t *testing.T) {
 	r := lockagent(t, env, "ctl", "list", "-socket", other)
 	requireCode(t, 1, r, "ctl list -socket")
 	require.Contains(t, r.stderr, other)
+	require.Contains(t, r.stderr, "no such file or directory (is the agent running?")
+	require.Contains(t, r.stderr, "-socket or LOCKAGENT_SOCKET")
+	require.Equal(t, 1, strings.Count(r.stderr, other), "the path, once: %s", r.stderr)
+
+	// A socket file that nothing listens on any more.
+	stale := filepath.Join(dir, "stale")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	require.NoError(t, err)
+	l.SetUnlinkOnClose(false)
+	require.NoError(t, l.Close())
+	r = lockagent(t, nil, "ctl", "status", "-socket", stale)
+	requireCode(t, 1, r, "ctl status on a stale socket")
+	require.Contains(t, r.stderr, "connection refused (the socket file is left from an agent that is gone")
+
+	// A socket this user may not connect to (uid 1, daemon).
+	require.NoError(t, os.Chmod(dir, 0o755))
+	forbidden := filepath.Join(dir, "forbidden")
+	l, err = net.ListenUnix("unix", &net.UnixAddr{Name: forbidden, Net: "unix"})
+	require.NoError(t, err)
+	defer l.Close()
+	require.NoError(t, os.Chmod(forbidden, 0o600))
+	r = lockagentAs(t, 1, 1, nil, "ctl", "list", "-socket", forbidden)
+	requireCode(t, 1, r, "ctl list on a forbidden socket")
+	require.Contains(t, r.stderr, "permission denied (the socket admits its owner and the members of its group")
+	require.Contains(t, r.stderr, "usermod -aG lockagent")
+
+	// A socket that accepts connections and answers nothing: ctl gives up
+	// after the hello timeout, and says where to look.
+	mute := filepath.Join(dir, "mute")
+	ml, err := net.ListenUnix("unix", &net.UnixAddr{Name: mute, Net: "unix"})
+	require.NoError(t, err)
+	defer ml.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ml.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	start := time.Now()
+	r = lockagent(t, nil, "ctl", "inspect", "x", "-socket", mute)
+	(<-accepted).Close()
+	requireCode(t, 1, r, "ctl inspect on a mute socket")
+	require.Contains(t, r.stderr, "the agent at "+mute+" accepted the connection but did not answer in 5s")
+	require.Contains(t, r.stderr, "systemctl status lockagent")
+	require.GreaterOrEqual(t, time.Since(start), 5*time.Second)
 }
 
 func TestRun(t *testing.T) {
