@@ -205,6 +205,14 @@ func configCmd(args []string, stdout, stderr io.Writer) error {
 	if _, err := accessOf(cfg); err != nil {
 		return err
 	}
+	// Say what was checked: without -config, the agent's built-in
+	// defaults, which is not what the packaged agent runs with.
+	if *file == "" {
+		fmt.Fprintln(stdout, "# No -config FILE given: the built-in defaults, as an agent started without -config runs.")
+		fmt.Fprintln(stdout, "# The packaged agent reads /etc/lockagent/lockagent.hcl.")
+	} else {
+		fmt.Fprintf(stdout, "# The effective configuration of %s.\n", *file)
+	}
 	fmt.Fprint(stdout, cfg.Render())
 	return nil
 }
