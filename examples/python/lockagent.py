@@ -1292,7 +1292,9 @@ class Client(_Core):
 
         A session with a ``session_ttl`` whose connection broke is resumed on
         a new connection to be ended, so that its leases are not left held
-        for the grace period. Not to be called from a callback.
+        for the grace period. Every lease and campaign of the client ends
+        then, released and resigned, even when the session could not be
+        reached. Not to be called from a callback.
 
         Safe to call more than once, from any thread: every call returns
         once the close is complete, a call made while another thread closes
@@ -1315,6 +1317,10 @@ class Client(_Core):
             for t in self._threads:
                 t.join(self.timeout)
             self._end_detached()
+            # The session ended, as bye ends it: what a broken connection
+            # left to a resume is released.
+            self._end_leases(lambda lease: True, None)
+            self._end_campaigns(lambda campaign: True, RESIGNED)
         finally:
             self._close_done.set()
 
@@ -1775,7 +1781,9 @@ class AsyncClient(_Core):
 
         A session with a ``session_ttl`` whose connection broke is resumed on
         a new connection to be ended, so that its leases are not left held
-        for the grace period. An :meth:`open` under way ends first: it
+        for the grace period. Every lease and campaign of the client ends
+        then, released and resigned, even when the session could not be
+        reached. An :meth:`open` under way ends first: it
         raises AgentConnectionError, and its session, if any, is ended.
 
         Safe to call more than once, from any task: every call returns once
@@ -1800,6 +1808,10 @@ class AsyncClient(_Core):
             await self._bye(conn)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._end_detached()
+        # The session ended, as bye ends it: what a broken connection left
+        # to a resume is released.
+        self._end_leases(lambda lease: True, None)
+        self._end_campaigns(lambda campaign: True, RESIGNED)
 
     async def _end_detached(self):
         """Ends the session if its connection broke before ``bye`` was

@@ -650,12 +650,32 @@ class ReconnectTest(AgentTestCase):
         for i, settle in enumerate((None, 0.002, 0.05)):
             with self.subTest(settle=settle):
                 c = self.client(session_ttl=30)
-                c.acquire("r/%d" % i, scope="session")
+                lease = c.acquire("r/%d" % i, scope="session")
+                camp = c.campaign("e/%d" % i, scope="session")
                 break_connection(c)
                 if settle is not None:
                     threading.Event().wait(settle)
                 c.close()
                 self.client().acquire("r/%d" % i)  # a try: free at once
+                self.assertFalse(lease.active)
+                self.assertEqual(c.leases, [])
+                self.assertTrue(camp.ended)
+
+    def test_close_while_detached_ends_what_the_client_holds(self):
+        # The session cannot be reached to be ended (its socket hidden): the
+        # client's leases and campaigns end all the same.
+        c = self.client(session_ttl=30)
+        lease = c.acquire("d/1", scope="session")
+        camp = c.campaign("d/2", scope="session")
+        self.agent.hide_socket()
+        self.addCleanup(self.agent.unhide_socket)
+        break_connection(c)
+        wait_until(lambda: not c.connected, what="the client to see the break")
+        self.assertTrue(lease.active, "a session-scoped lease waits for the resume")
+        c.close()
+        self.assertFalse(lease.active)
+        self.assertTrue(camp.ended)
+        self.assertEqual(c.leases, [])
 
     def test_without_reconnect_close_ends_the_session(self):
         c = self.client(session_ttl=30, reconnect=False)

@@ -451,12 +451,16 @@ class AsyncReconnectTest(AsyncAgentTestCase):
         for i, settle in enumerate((None, 0, 0.002, 0.05)):
             with self.subTest(settle=settle):
                 c = await self.client(session_ttl=30)
-                await c.acquire("r/%d" % i, scope="session")
+                lease = await c.acquire("r/%d" % i, scope="session")
+                camp = await c.campaign("e/%d" % i, scope="session")
                 break_connection(c)
                 if settle is not None:
                     await asyncio.sleep(settle)
                 await c.close()
                 await other.acquire("r/%d" % i)  # a try: free at once
+                self.assertFalse(lease.active)
+                self.assertEqual(c.leases, [])
+                self.assertTrue(camp.ended)
 
     async def test_agent_shutdown(self):
         events = []
