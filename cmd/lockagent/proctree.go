@@ -94,14 +94,59 @@ func procStat(pid int) (ppid int, state byte, err error) {
 }
 
 // signalAll sends sig to each of pids, and returns those that run may not
-// signal: another user's (what a sudo started, say).
+// signal: another user's (what a sudo started, say). A pid listed a moment
+// ago may since have ended and been reused by an unrelated process: each
+// is first pinned with a pidfd, then signalled only if it still descends
+// from run.
 func signalAll(pids []int, sig syscall.Signal) (denied []int) {
 	for _, pid := range pids {
-		if errors.Is(unix.Kill(pid, sig), unix.EPERM) {
+		if errors.Is(signalDescendant(pid, sig), unix.EPERM) {
 			denied = append(denied, pid)
 		}
 	}
 	return denied
+}
+
+// signalDescendant sends sig to pid if it is a descendant of run. Without
+// pidfds (Linux before 5.3) it checks, then kills.
+func signalDescendant(pid int, sig syscall.Signal) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		if !descends(pid) {
+			return unix.ESRCH
+		}
+		return unix.Kill(pid, sig)
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	// The pidfd names one process for good: if pid descends from run now,
+	// the signal reaches that process, and no other.
+	if !descends(pid) {
+		return unix.ESRCH
+	}
+	return unix.PidfdSendSignal(fd, sig, nil, 0)
+}
+
+// descends reports whether run is an ancestor of pid, by the parent links
+// of /proc. As run is its descendants' subreaper, the links of each lead
+// to run for as long as it lives.
+func descends(pid int) bool {
+	self := os.Getpid()
+	for range 4096 { // more than any real depth; a cycle read in a race ends
+		ppid, _, err := procStat(pid)
+		switch {
+		case err != nil:
+			return false
+		case ppid == self: // run may be pid 1, in a container
+			return true
+		case ppid <= 1:
+			return false
+		}
+		pid = ppid
+	}
+	return false
 }
 
 // reapOrphans reaps the processes that run adopted and that have ended:
