@@ -291,6 +291,72 @@ func TestRenewMixedBatch(t *testing.T) {
 	}
 }
 
+// TestOutOfMemory: with Redis full under noeviction (redis.md §7, case
+// 24), the leases held go on being renewed, exclusive and shared alike,
+// and are released; a new grant fails as unavailable, naming the OOM,
+// never as held. Once there is room again, grants come back.
+func TestOutOfMemory(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	b := open(t, newClient(srv.Addr()), "oom")
+	defer b.Close()
+	ctx := context.Background()
+	rc := srv.Client(t)
+	x := backend.Lease{Name: "x", LeaseID: "lx", Mode: backend.Exclusive}
+	s := backend.Lease{Name: "s", LeaseID: "ls", Mode: backend.Shared}
+	grant(t, b, x.Name, x.LeaseID, x.Mode)
+	grant(t, b, s.Name, s.LeaseID, s.Mode)
+
+	info, err := rc.Info(ctx, "memory").Result()
+	require.NoError(t, err)
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			_, err := fmt.Sscan(v, &total)
+			require.NoError(t, err)
+		}
+	}
+	require.Positive(t, total)
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", fmt.Sprint(total+200_000)).Err())
+	big := strings.Repeat("z", 10_000)
+	filled := 0
+	for ; ; filled++ {
+		err := rc.Set(ctx, fmt.Sprintf("fill%d", filled), big, 0).Err()
+		if err != nil {
+			require.ErrorContains(t, err, "OOM")
+			break
+		}
+		require.Less(t, filled, 1000, "Redis never filled up")
+	}
+
+	ttl := 20 * time.Second
+	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: x, TTL: ttl}, {Lease: s, TTL: ttl}})
+	require.NoError(t, errs[0], "exclusive renewal")
+	require.NoError(t, errs[1], "shared renewal")
+	for key, want := range map[string]time.Duration{"oom:lk:{x}": ttl, "oom:lk:{s}:r": ttl} {
+		pttl, err := rc.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		assert.InDelta(t, want.Seconds(), pttl.Seconds(), 2, key)
+	}
+
+	for _, req := range []backend.AcquireRequest{
+		{Name: "new", LeaseID: "ln", Mode: backend.Exclusive, TTL: ttl},
+		{Name: "new", LeaseID: "ln", Mode: backend.Shared, TTL: ttl},
+		{Name: x.Name, LeaseID: "lw", Mode: backend.Exclusive, TTL: ttl, Ticket: "t1"}, // a waiter would queue
+	} {
+		_, err := b.Acquire(ctx, req)
+		require.ErrorIs(t, err, backend.ErrUnavailable, "%+v", req)
+		require.ErrorContains(t, err, "OOM", "%+v", req)
+		var held *backend.HeldError
+		require.NotErrorAs(t, err, &held, "%+v", req)
+	}
+
+	require.NoError(t, b.Release(ctx, x))
+	require.NoError(t, b.Release(ctx, s))
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "0").Err())
+	grant(t, b, "new", "ln", backend.Exclusive)
+}
+
 // TestClusterConformance: the suite passes on a three-primary Cluster,
 // where names land on different primaries.
 func TestClusterConformance(t *testing.T) {

@@ -17,10 +17,12 @@ import (
 // holds the name now. An expired lease is never brought back. One call
 // for many leases spares Redis the cost of a script call per lease, which
 // is most of a renewal's; on Cluster, a call holds the leases of one hash
-// slot.
+// slot. It runs when Redis is out of memory too (allow-oom): it only
+// updates what exists, and a full Redis must not cost the holders their
+// leases.
 var renewScript = goredis.NewScript(renewSource)
 
-const renewSource = common + `
+const renewSource = "#!lua flags=allow-oom\n" + common + `
 local function renew(X, R, T, id, mode, ttl)
   if mode == 'x' then
     -- The hot path, in two calls: X read as a holder (a key of another
