@@ -140,7 +140,8 @@ func TestA4_SlowReader(t *testing.T) {
 	slow := ta.raw(t)
 	slow.ok(`{"op":"acquire","name":"slow"}`)
 	good := ta.raw(t)
-	g := good.ok(`{"op":"acquire","name":"good","ttl_ms":3000}`)
+	g := good.ok(`{"op":"acquire","name":"good","ttl_ms":1000}`)
+	granted := time.Now()
 
 	pings := []byte(strings.Repeat(`{"id":"some-long-request-id-to-fill-buffers","op":"ping"}`+"\n", 1000))
 	done := make(chan struct{})
@@ -163,7 +164,13 @@ func TestA4_SlowReader(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return good.ok(`{"op":"acquire","name":"slow"}`)["acquired"] == true
 	}, 2*time.Second, 5*time.Millisecond)
-	assert.Equal(t, true, good.ok(fmt.Sprintf(`{"op":"check","lease":%q}`, g["lease"]))["held"])
+	// Held all along and past its TTL: renewals went on.
+	check := fmt.Sprintf(`{"op":"check","lease":%q}`, g["lease"])
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Since(granted) < 1500*time.Millisecond; <-tick.C {
+		require.Equal(t, true, good.ok(check)["held"], "%s after the grant", time.Since(granted))
+	}
 }
 
 func TestLineTooLong(t *testing.T) {
