@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -50,6 +51,23 @@ func TestLineReader(t *testing.T) {
 	}
 	_, err := lr.readLine()
 	assert.ErrorIs(t, err, io.EOF, "a last line without a newline is not a request")
+}
+
+// TestLineReaderPieces: lines that arrive a byte at a time, "\r\n" split
+// across reads included, come out whole; begun is called once per line
+// that had to wait for more.
+func TestLineReaderPieces(t *testing.T) {
+	in := `{"id":"part","op":"ping"}` + "\r\n" + "bb\n" + "\n"
+	begun := 0
+	lr := &lineReader{r: iotest.OneByteReader(strings.NewReader(in)), max: 100, begun: func() { begun++ }}
+	for _, want := range []string{`{"id":"part","op":"ping"}`, "bb", ""} {
+		line, err := lr.readLine()
+		require.NoError(t, err)
+		assert.Equal(t, want, string(line))
+	}
+	_, err := lr.readLine()
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, 2, begun, "the two lines longer than a byte")
 }
 
 // TestLineReaderBounded: a line with no newline never makes the reader
