@@ -98,13 +98,17 @@ type queue struct {
 
 // waiter is one acquire in progress.
 type waiter struct {
-	s      *Session
-	req    AcquireRequest
-	camp   *campaign // the campaign it is for, or nil
-	since  time.Time
-	queued bool          // in the name's queue (a waiting acquire, not a try)
-	ticket string        // its place in the backend's queue, when queued
-	wake   chan struct{} // a value when the queue ahead changed; nil for a try
+	s     *Session
+	req   AcquireRequest
+	camp  *campaign // the campaign it is for, or nil
+	since time.Time
+	// attached is the session's detach count when the acquire began: an
+	// acquire (not a campaign's) is given up once its connection is gone
+	// (see superseded).
+	attached int
+	queued   bool          // in the name's queue (a waiting acquire, not a try)
+	ticket   string        // its place in the backend's queue, when queued
+	wake     chan struct{} // a value when the queue ahead changed; nil for a try
 
 	// Guarded by Agent.mu.
 	asked   bool // it has asked the backend: its ticket may be queued there
@@ -220,6 +224,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	w.attached = s.detaches
 	switch {
 	case a.closing:
 		return nil, ErrShuttingDown
@@ -227,7 +232,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, ErrSessionEnded
 	case s.leases[req.Name] != nil:
 		return nil, &AlreadyHeldError{Lease: s.leases[req.Name].public()}
-	case s.pending[req.Name] != nil:
+	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():
 		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.campaigns[req.Name] != nil:
 		return nil, invalidArg("the session campaigns for %q: resign first", req.Name)
@@ -360,6 +365,22 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	}
 }
 
+// errSuperseded: the acquire's connection is gone, and an acquire of a new
+// connection of the session took its place.
+var errSuperseded = errors.New("agent: a new connection of the session acquires the name")
+
+// superseded tells whether w is being given up: an acquire of a
+// connection that is gone, or the attempt of a campaign that was stopped
+// (resigned, or its connection gone). An acquire or a campaign of the
+// name may take its place in the session at once, rather than be refused
+// as a second acquire of the name. a.mu is held.
+func (w *waiter) superseded() bool {
+	if w.camp != nil {
+		return w.s.campaigns[w.req.Name] != w.camp
+	}
+	return w.attached != w.s.detaches
+}
+
 // errWaitOver: an attempt was cut short by the end of its wait.
 var errWaitOver = errors.New("agent: the wait is over")
 
@@ -416,6 +437,8 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		refuse = ErrSessionEnded
 	case ctx.Err() != nil:
 		refuse = ctx.Err()
+	case s.pending[req.Name] != w:
+		refuse = errSuperseded
 	case !now.Before(l.validUntil):
 		// The answer came too late to be handed out as valid.
 		a.log.Warn("grant arrived after its local deadline; released", "name", req.Name, "took", now.Sub(sent))
@@ -447,6 +470,9 @@ func (a *Agent) ctxErr(ctx context.Context, err error) error {
 func (a *Agent) leave(w *waiter) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// A superseded waiter (see superseded) no longer has the session's
+	// place, but it still counts against its uid.
+	a.uncount(w.s.uid)
 	if w.s.pending[w.req.Name] == w {
 		delete(w.s.pending, w.req.Name)
 		if len(w.s.pending) == 0 {
@@ -454,7 +480,6 @@ func (a *Agent) leave(w *waiter) {
 			// acquired once would keep it for good.
 			w.s.pending = nil
 		}
-		a.uncount(w.s.uid)
 	}
 	if !w.queued {
 		return

@@ -405,6 +405,117 @@ func TestByeFromATakenOverConnection(t *testing.T) {
 	})
 }
 
+// TestAcquireAfterAResume: a connection that resumes a session may
+// acquire, or campaign for, a name that the old connection was still
+// waiting for when it went (its acquire is being given up): the new
+// request takes the old one's place in the session, and the old one,
+// should it be granted before it ends, gives the grant back.
+func TestAcquireAfterAResume(t *testing.T) {
+	for _, campaign := range []bool{false, true} {
+		t.Run(fmt.Sprint("campaign=", campaign), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, f, stop := run(t, agent.Config{MaxLeasesPerUID: 2})
+				defer stop()
+				holder, _ := openSession(t, a)
+				held := mustAcquire(t, holder, agent.AcquireRequest{Name: "n"})
+				peer := agent.Peer{UID: 1000}
+				s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, &conn{})
+				require.NoError(t, err)
+				// The old connection's acquire waits; its context ends
+				// only once the new connection has asked.
+				oldCtx, cancelOld := context.WithCancel(context.Background())
+				oldDone := make(chan error, 1)
+				go func() {
+					_, err := s.Acquire(oldCtx, agent.AcquireRequest{Name: "n", Wait: -1})
+					oldDone <- err
+				}()
+				synctest.Wait()
+
+				c := &conn{}
+				_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, c)
+				require.NoError(t, err)
+				newDone := make(chan agent.AcquireResult, 1)
+				if campaign {
+					_, err := s.Campaign(agent.CampaignRequest{Name: "n"})
+					require.NoError(t, err, "a campaign in the old acquire's place")
+				} else {
+					go func() {
+						res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: -1})
+						assert.NoError(t, err, "an acquire in the old one's place")
+						newDone <- res
+					}()
+				}
+				synctest.Wait()
+				// The old acquire comes first in the queue: it is granted
+				// first, gives the grant back, and the new request has it.
+				require.NoError(t, holder.Release(context.Background(), held.ID))
+				synctest.Wait()
+				cancelOld()
+				require.Error(t, <-oldDone)
+				var got string
+				if campaign {
+					synctest.Wait()
+					evs := c.got()
+					require.NotEmpty(t, evs)
+					assert.Equal(t, agent.EventElected, evs[len(evs)-1].Kind)
+					got = evs[len(evs)-1].Lease
+				} else {
+					res := <-newDone
+					require.True(t, res.Acquired)
+					got = res.Lease.ID
+				}
+				info, err := f.Inspect(context.Background(), "n")
+				require.NoError(t, err)
+				require.Len(t, info.Holders, 1)
+				assert.Equal(t, got, info.Holders[0].LeaseID, "the new request holds the name, alone")
+				list, err := s.List(false)
+				require.NoError(t, err)
+				require.Len(t, list, 1)
+				require.Len(t, list[0].Leases, 1)
+				assert.Empty(t, list[0].Waiting)
+				// Nothing was left counted against the uid (a cap of 2).
+				mustAcquire(t, s, agent.AcquireRequest{Name: "m"})
+			})
+		})
+	}
+}
+
+// TestCampaignAfterAResume: a connection that resumes a session may
+// campaign at once for a name that the old connection campaigned for (a
+// connection-scoped campaign, stopped with its connection, whose attempt
+// may still be under way). The new campaign is elected, alone.
+func TestCampaignAfterAResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		holder, _ := openSession(t, a)
+		peer := agent.Peer{UID: 1000}
+		for i := range 20 {
+			name := fmt.Sprint("c", i)
+			held := mustAcquire(t, holder, agent.AcquireRequest{Name: name})
+			s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, &conn{})
+			require.NoError(t, err)
+			_, err = s.Campaign(agent.CampaignRequest{Name: name})
+			require.NoError(t, err)
+			synctest.Wait()
+			c := &conn{}
+			_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, c)
+			require.NoError(t, err)
+			_, err = s.Campaign(agent.CampaignRequest{Name: name})
+			require.NoError(t, err, "the new connection's campaign")
+			require.NoError(t, holder.Release(context.Background(), held.ID))
+			synctest.Wait()
+			evs := c.got()
+			require.Len(t, evs, 1)
+			assert.Equal(t, agent.EventElected, evs[0].Kind)
+			info, err := f.Inspect(context.Background(), name)
+			require.NoError(t, err)
+			require.Len(t, info.Holders, 1)
+			assert.Equal(t, evs[0].Lease, info.Holders[0].LeaseID)
+		}
+	})
+}
+
 // TestShutdown: every session is told, its connection closed, every lease
 // released, and nothing new is accepted.
 func TestShutdown(t *testing.T) {

@@ -85,7 +85,7 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		return "", invalidArg("the session already campaigns for %q", req.Name)
 	case s.leases[req.Name] != nil:
 		return "", &AlreadyHeldError{Lease: s.leases[req.Name].public()}
-	case s.pending[req.Name] != nil:
+	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():
 		return "", invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case s.held() >= a.cfg.MaxLeasesPerSession:
 		return "", fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)

@@ -105,6 +105,7 @@ type Session struct {
 	backlog   []Event              // events while no connection is attached
 	leases    map[string]*lease    // by name
 	pending   map[string]*waiter   // acquires in progress, by name
+	detaches  int                  // connections gone: their acquires are being given up
 	campaigns map[string]*campaign // by name
 	expiry    *time.Timer          // ends a detached session
 	ended     bool
@@ -252,6 +253,7 @@ func (s *Session) Detach(conn Conn) {
 // them for the caller to release in the backend. a.mu is held.
 func (s *Session) detach() []*lease {
 	s.conn = nil
+	s.detaches++
 	for _, c := range s.campaigns {
 		if c.req.Scope == ScopeConnection {
 			c.stop()
