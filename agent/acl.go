@@ -40,8 +40,10 @@ func (a *Agent) SetAccess(acc Access) {
 	a.access.Store(&acc)
 }
 
-// isAdmin tells whether the peer has admin rights.
-func (a *Agent) isAdmin(p Peer) bool {
+// IsAdmin tells whether the peer has admin rights: ctl list -all and
+// break, and the AdminReserve beyond the caps on sessions and
+// connections.
+func (a *Agent) IsAdmin(p Peer) bool {
 	acc := a.access.Load()
 	return slices.Contains(acc.AdminUIDs, p.UID) || p.inAny(acc.AdminGIDs)
 }

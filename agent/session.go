@@ -143,6 +143,11 @@ func (s *Session) currentPeer() Peer {
 	return *s.peer.Load()
 }
 
+// AdminReserve is how many sessions, and connections, admins may open
+// beyond the caps on them: an agent that other users filled up can still
+// be looked at (ctl status, ctl list -all) and mended (ctl break).
+const AdminReserve = 16
+
 // Open starts a session for peer and attaches conn to it.
 func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error) {
 	if err := validateSessionOptions(opts); err != nil {
@@ -153,7 +158,7 @@ func (a *Agent) Open(peer Peer, opts SessionOptions, conn Conn) (*Session, error
 	if a.closing {
 		return nil, ErrShuttingDown
 	}
-	if len(a.sessions) >= a.cfg.MaxSessions {
+	if n := len(a.sessions); n >= a.cfg.MaxSessions && (n >= a.cfg.MaxSessions+AdminReserve || !a.IsAdmin(peer)) {
 		return nil, fmt.Errorf("%w: %d sessions", ErrLimitExceeded, a.cfg.MaxSessions)
 	}
 	if n := a.cfg.MaxSessionsPerUID; n > 0 && a.sessUID[peer.UID] >= n {
@@ -421,7 +426,7 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 // were ended.
 func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 	a := s.a
-	if !a.isAdmin(s.currentPeer()) {
+	if !a.IsAdmin(s.currentPeer()) {
 		return 0, fmt.Errorf("%w: break is for admins", ErrPermissionDenied)
 	}
 	if err := ValidateName(name); err != nil {
@@ -484,7 +489,7 @@ type SessionInfo struct {
 // is set (admins only), sorted by id.
 func (s *Session) List(all bool) ([]SessionInfo, error) {
 	a := s.a
-	if all && !a.isAdmin(s.currentPeer()) {
+	if all && !a.IsAdmin(s.currentPeer()) {
 		return nil, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
 	}
 	if all {

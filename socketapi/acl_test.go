@@ -247,6 +247,24 @@ func TestF4_PerUIDConnectionCap(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond)
 }
 
+// TestAdminReserve: once other users have filled the agent (its sessions
+// and connections at their caps), an admin still gets in, for
+// agent.AdminReserve more connections and sessions, and nobody else does.
+func TestAdminReserve(t *testing.T) {
+	ta := startAgent(t, everybody, func(o *options) {
+		o.server.MaxConns = 5
+		o.agent.MaxSessions = 5
+	})
+	filler := startPeer(t, cred{uid: 4700, gid: 4700}, "conns", ta.path, "8")
+	require.Equal(t, "accepted 5 refused 3", filler.line())
+	for range agent.AdminReserve {
+		ta.raw(t).ok(`{"op":"status"}`) // root, an admin: its session stays open
+	}
+	requireCode(t, ta.raw(t).recv(), "limit_exceeded")
+	other := startPeer(t, cred{uid: 4701, gid: 4701}, "conns", ta.path, "1")
+	require.Equal(t, "accepted 0 refused 1", other.line())
+}
+
 // TestF7_PerUIDLeaseCap: the leases of all the sessions of one uid are
 // capped together; beyond the cap limit_exceeded, and other uids lock on.
 func TestF7_PerUIDLeaseCap(t *testing.T) {

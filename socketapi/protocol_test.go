@@ -362,6 +362,7 @@ func TestLimits(t *testing.T) {
 		o.agent.MaxSessions = 2
 		o.agent.MaxLeasesPerSession = 2
 		o.agent.MaxWaiters = 1
+		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
 	})
 	a := ta.raw(t)
 	a.ok(`{"id":1,"op":"acquire","name":"x1"}`)
@@ -371,7 +372,7 @@ func TestLimits(t *testing.T) {
 	b := ta.raw(t)
 	b.send(`{"id":1,"op":"acquire","name":"x1","wait_ms":-1}`)
 	require.Eventually(t, func() bool {
-		s := a.ok(`{"id":4,"op":"list","all":true}`)["sessions"].([]any)
+		s := a.ok(`{"id":4,"op":"list"}`)["sessions"].([]any) // the sessions of its uid
 		return len(s) == 2 && len(s[1].(map[string]any)["waiting"].([]any))+len(s[0].(map[string]any)["waiting"].([]any)) == 1
 	}, 2*time.Second, 5*time.Millisecond)
 	b.fail(`{"id":2,"op":"acquire","name":"x2","wait_ms":1000}`, "limit_exceeded")

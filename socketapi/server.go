@@ -22,7 +22,7 @@ type Server struct {
 	Logger hclog.Logger // default: a null logger
 
 	MaxLineBytes   int           // default 65536
-	MaxConns       int           // open connections; beyond it a connection is refused. Default 10000
+	MaxConns       int           // open connections; beyond it a connection is refused (admins have agent.AdminReserve more). Default 10000
 	MaxConnsPerUID int           // open connections of one uid; 0: no cap beyond MaxConns
 	MaxQueueBytes  int           // unwritten output per connection before it is cut off; default 1 MiB
 	WriteTimeout   time.Duration // a write blocked longer cuts the connection off; default 10s
@@ -138,7 +138,8 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			continue
 		}
 		mu.Lock()
-		full := len(conns) >= s.MaxConns
+		n := len(conns)
+		full := n >= s.MaxConns && (n >= s.MaxConns+agent.AdminReserve || !s.Agent.IsAdmin(peer))
 		fullUID := s.MaxConnsPerUID > 0 && perUID[peer.UID] >= s.MaxConnsPerUID
 		if !full && !fullUID {
 			perUID[peer.UID]++

@@ -207,7 +207,10 @@ func TestF5_HugeLineWithoutNewline(t *testing.T) {
 
 // TestF4_ConnectionsBeyondTheCap get an error line, not the backlog.
 func TestF4_ConnectionsBeyondTheCap(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.server.MaxConns = 2 })
+	ta := startAgent(t, func(o *options) {
+		o.server.MaxConns = 2
+		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+	})
 	a, b := ta.raw(t), ta.raw(t)
 	a.ok(`{"op":"ping"}`)
 	b.ok(`{"op":"ping"}`)
@@ -252,7 +255,10 @@ func TestLargeAnswerIsNotASlowConsumer(t *testing.T) {
 
 // TestHelloOverTheSessionCap closes the connection, like an implicit session would.
 func TestHelloOverTheSessionCap(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.agent.MaxSessions = 1 })
+	ta := startAgent(t, func(o *options) {
+		o.agent.MaxSessions = 1
+		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+	})
 	ta.raw(t).ok(`{"op":"hello"}`)
 	r := ta.raw(t)
 	r.fail(`{"op":"hello"}`, "limit_exceeded")
