@@ -89,6 +89,9 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		return "", invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case s.held() >= a.cfg.MaxLeasesPerSession:
 		return "", fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid] >= a.cfg.MaxLeasesPerUID:
+		// No term could be granted: say so now rather than contend in vain.
+		return "", fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &campaign{id: newID("c_"), s: s, req: ar, cancel: cancel,

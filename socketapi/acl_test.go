@@ -280,6 +280,7 @@ func TestF7_PerUIDLeaseCap(t *testing.T) {
 	require.Equal(t, true, b.call(`{"op":"acquire","name":"b/0"}`)["acquired"])
 	requireCode(t, a.call(`{"op":"acquire","name":"a/2"}`), "limit_exceeded")
 	requireCode(t, b.call(`{"op":"acquire","name":"b/1","wait_ms":1000}`), "limit_exceeded")
+	requireCode(t, a.call(`{"op":"campaign","name":"a/c"}`), "limit_exceeded")
 
 	other := startPeer(t, cred{uid: 4601, gid: 4601}, "relay", ta.path)
 	for i := 0; i < 3; i++ {
