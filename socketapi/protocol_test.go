@@ -80,6 +80,15 @@ func TestIDs(t *testing.T) {
 		m := r.fail(`{"id":`+bad+`,"op":"ping"}`, "bad_request")
 		assert.Nil(t, m["id"])
 	}
+	// A string id comes back byte for byte, in answers and errors alike:
+	// escapes as sent, HTML characters and a raw U+2028 unescaped.
+	const id = `"<a&b>\u00e9` + "\u2028" + `"`
+	for _, req := range []string{`{"id":` + id + `,"op":"ping"}`, `{"id":` + id + `,"op":"nope"}`} {
+		r.send(req)
+		line, err := r.r.ReadString('\n')
+		require.NoError(t, err)
+		assert.True(t, strings.HasPrefix(line, `{"id":`+id+`,`), "%s: %s", req, line)
+	}
 }
 
 func TestAcquireExclusive(t *testing.T) {

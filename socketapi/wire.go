@@ -1,6 +1,7 @@
 package socketapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -349,12 +350,16 @@ func encodeError(id json.RawMessage, code, message string, lease *leaseJSON) []b
 	return marshalLine(errorResponse{ID: id, Error: errorBody{Code: code, Message: message, Lease: lease}})
 }
 
+// marshalLine encodes v as a line. HTML characters are not escaped: a
+// client's id comes back as it was sent, and names as they were given.
 func marshalLine(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil { // Encode ends the line
 		panic("socketapi: " + err.Error()) // only this package's own types are marshalled
 	}
-	return append(b, '\n')
+	return b.Bytes()
 }
 
 // validID tells whether raw is a JSON string or integer, the ids a client
