@@ -132,13 +132,53 @@ func (req *request) set(key string, v []byte) *decodeError {
 			return typeError(key, "boolean")
 		}
 	case "resume":
-		var r resumeArgs
-		if v[0] != '{' || json.Unmarshal(v, &r) != nil {
-			return typeError(key, `object {"session": string, "token": string}`)
+		r, err := decodeResume(v)
+		if err != nil {
+			return err
 		}
-		req.Resume = &r
+		req.Resume = r
 	}
 	return nil
+}
+
+// decodeResume reads the object of resume, which must be valid JSON: its
+// keys exactly as written ("session", "token"; compared after unescaping,
+// as top-level keys are), each at most once and a string. Other keys are
+// skipped, as at the top level.
+func decodeResume(v []byte) (*resumeArgs, *decodeError) {
+	bad := typeError("resume", `object {"session": string, "token": string}`)
+	if v[0] != '{' {
+		return nil, bad
+	}
+	var r resumeArgs
+	var seen [2]bool
+	i := skipSpace(v, 1)
+	for v[i] != '}' {
+		keyEnd := stringEnd(v, i)
+		key := string(unquote(v[i:keyEnd]))
+		i = skipSpace(v, skipSpace(v, keyEnd)+1) // past the colon
+		end := valueEnd(v, i)
+		k, dst := 0, &r.Session
+		switch key {
+		case "token":
+			k, dst = 1, &r.Token
+			fallthrough
+		case "session":
+			if seen[k] {
+				return nil, &decodeError{CodeInvalidArgument, fmt.Sprintf("resume has the key %q twice", key)}
+			}
+			seen[k] = true
+			if v[i] != '"' {
+				return nil, bad
+			}
+			*dst = string(unquote(v[i:end]))
+		}
+		i = skipSpace(v, end)
+		if v[i] == ',' {
+			i = skipSpace(v, i+1)
+		}
+	}
+	return &r, nil
 }
 
 func typeError(key, want string) *decodeError {

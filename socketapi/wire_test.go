@@ -104,24 +104,27 @@ func (infinite) Read(p []byte) (int, error) {
 
 func TestDecodeRequest(t *testing.T) {
 	for line, want := range map[string]string{
-		`{"a":1,"b":2,"op":"ping"}`:        "",
-		` { "op" : "ping" , "id" : 7 } `:   "",
-		`{"a":1,"a":2}`:                    "bad_request: key \"a\" appears twice",
-		`{"a":{"b":1,"b":2}}`:              "",
-		`{"a":[{"a":1}],"b":"a\"","a":3}`:  "bad_request: key \"a\" appears twice",
-		`{"\u0061":1,"a":2}`:               "bad_request: key \"a\" appears twice",
-		`{"s":"{\"s\":1}","t":1}`:          "",
-		`{"op":"ping"} x`:                  "bad_request: a request is one JSON object per line",
-		`[{"op":"ping"}]`:                  "bad_request: a request is one JSON object per line",
-		`{"op":1}`:                         "invalid_argument: op must be a JSON string",
-		`{"ttl_ms":1.0}`:                   "invalid_argument: ttl_ms must be a JSON integer in range",
-		`{"wait_ms":99999999999999999999}`: "invalid_argument: wait_ms must be a JSON integer in range",
-		`{"all":"yes"}`:                    "invalid_argument: all must be a JSON boolean",
-		`{"resume":[]}`:                    "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
-		`{"target":true}`:                  "invalid_argument: target must be a JSON string or integer",
-		`{"target":1.5}`:                   "invalid_argument: target must be a JSON string or integer",
-		`{"target":[1]}`:                   "invalid_argument: target must be a JSON string or integer",
-		`{"name":null,"op":"ping"}`:        "",
+		`{"a":1,"b":2,"op":"ping"}`:                 "",
+		` { "op" : "ping" , "id" : 7 } `:            "",
+		`{"a":1,"a":2}`:                             "bad_request: key \"a\" appears twice",
+		`{"a":{"b":1,"b":2}}`:                       "",
+		`{"a":[{"a":1}],"b":"a\"","a":3}`:           "bad_request: key \"a\" appears twice",
+		`{"\u0061":1,"a":2}`:                        "bad_request: key \"a\" appears twice",
+		`{"s":"{\"s\":1}","t":1}`:                   "",
+		`{"op":"ping"} x`:                           "bad_request: a request is one JSON object per line",
+		`[{"op":"ping"}]`:                           "bad_request: a request is one JSON object per line",
+		`{"op":1}`:                                  "invalid_argument: op must be a JSON string",
+		`{"ttl_ms":1.0}`:                            "invalid_argument: ttl_ms must be a JSON integer in range",
+		`{"wait_ms":99999999999999999999}`:          "invalid_argument: wait_ms must be a JSON integer in range",
+		`{"all":"yes"}`:                             "invalid_argument: all must be a JSON boolean",
+		`{"resume":[]}`:                             "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
+		`{"resume":{"session":1}}`:                  "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
+		`{"resume":{"token":null}}`:                 "invalid_argument: resume must be a JSON object {\"session\": string, \"token\": string}",
+		`{"resume":{"token":"a","\u0074oken":"b"}}`: "invalid_argument: resume has the key \"token\" twice",
+		`{"target":true}`:                           "invalid_argument: target must be a JSON string or integer",
+		`{"target":1.5}`:                            "invalid_argument: target must be a JSON string or integer",
+		`{"target":[1]}`:                            "invalid_argument: target must be a JSON string or integer",
+		`{"name":null,"op":"ping"}`:                 "",
 	} {
 		var req request
 		err := decodeRequest([]byte(line), &req)
@@ -144,6 +147,18 @@ func TestDecodeRequest(t *testing.T) {
 	err := decodeRequest([]byte(b.String()+`,"k4999":2}`), &many)
 	require.NotNil(t, err)
 	assert.Equal(t, `key "k4999" appears twice`, err.msg)
+
+	// resume's keys are matched exactly; others are skipped.
+	for line, want := range map[string]resumeArgs{
+		`{"resume":{"session":"s","token":"t","x":[1]}}`:   {Session: "s", Token: "t"},
+		`{"resume":{"SESSION":"s","ToKeN":"t"}}`:           {},
+		`{"resume":{ "token" : "t\u0041" , "session":""}}`: {Token: "tA"},
+	} {
+		var req request
+		require.Nil(t, decodeRequest([]byte(line), &req), line)
+		require.NotNil(t, req.Resume, line)
+		assert.Equal(t, want, *req.Resume, line)
+	}
 
 	var req request
 	require.Nil(t, decodeRequest([]byte(`{"id":"x","op":"acquire","name":"a\tb","mode":"shared","limit":3,"scope":"session","ttl_ms":1000,"wait_ms":-1,"meta":"m","lease":"l","all":true,"target":5,"version":1,"client":"c","session_ttl_ms":2,"heartbeat_ms":3,"resume":{"session":"s","token":"t"}}`), &req))
