@@ -17,7 +17,10 @@ type decodeError struct {
 
 func (e *decodeError) Error() string { return e.msg }
 
-var errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object per line"}
+var (
+	errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object per line"}
+	errTooDeep   = &decodeError{CodeBadRequest, fmt.Sprintf("a request is one JSON object per line, with values nested at most %d deep", maxDepth)}
+)
 
 // decodeRequest reads a request line into req. It reads only the top level
 // of the object, which is all a request has, in one pass: every value is
@@ -27,6 +30,9 @@ var errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object pe
 // the line is an object, so that errors can echo it.
 func decodeRequest(line []byte, req *request) *decodeError {
 	if !validJSON(line) {
+		if tooDeep(line) {
+			return errTooDeep
+		}
 		return errNotObject
 	}
 	i := skipSpace(line, 0)
@@ -222,6 +228,25 @@ func unquote(lit []byte) []byte {
 	var s string
 	json.Unmarshal(lit, &s) // valid: checked by validJSON
 	return []byte(s)
+}
+
+// tooDeep tells whether line, which is not valid JSON, opens more than
+// maxDepth containers at once, strings aside.
+func tooDeep(line []byte) bool {
+	depth := 0
+	for i := 0; i < len(line); i++ {
+		switch line[i] {
+		case '"':
+			i = stringEnd(line, i) - 1
+		case '{', '[':
+			if depth++; depth > maxDepth {
+				return true
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return false
 }
 
 func skipSpace(line []byte, i int) int {

@@ -136,6 +136,14 @@ func TestDecodeRequest(t *testing.T) {
 		assert.Equal(t, want, err.code+": "+err.msg, line)
 	}
 
+	// Nested too deep, in an unknown field: said so.
+	deep := func(n int) string { return `{"op":"ping","x":` + strings.Repeat("[", n) + strings.Repeat("]", n) + "}" }
+	var nested request
+	assert.Nil(t, decodeRequest([]byte(deep(maxDepth-1)), &nested))
+	err := decodeRequest([]byte(deep(maxDepth)), &nested)
+	require.NotNil(t, err)
+	assert.Equal(t, "bad_request: a request is one JSON object per line, with values nested at most 10000 deep", err.code+": "+err.msg)
+
 	// Many keys, a duplicate among the last.
 	var b strings.Builder
 	b.WriteString(`{"op":"ping"`)
@@ -144,7 +152,7 @@ func TestDecodeRequest(t *testing.T) {
 	}
 	var many request
 	assert.Nil(t, decodeRequest([]byte(b.String()+"}"), &many))
-	err := decodeRequest([]byte(b.String()+`,"k4999":2}`), &many)
+	err = decodeRequest([]byte(b.String()+`,"k4999":2}`), &many)
 	require.NotNil(t, err)
 	assert.Equal(t, `key "k4999" appears twice`, err.msg)
 
