@@ -1024,7 +1024,8 @@ func TestC4_RedisSigtermReleases(t *testing.T) {
 	}()
 	f.agents[1].waitQueued(t, 1)
 	queue := func(name string) int64 { return rc.ZCard(ctx, lockKey(name)+":q").Val() }
-	require.Equal(t, int64(1), queue("c4r/theirs"), "agent 0's waiter is queued in Redis")
+	// Listed as waiting, the acquire may not have reached Redis yet.
+	eventually(t, 5*time.Second, "agent 0's waiter is queued in Redis", func() bool { return queue("c4r/theirs") == 1 })
 
 	stopped := time.Now()
 	stopAgent(t, f.agents[0].proc)
