@@ -127,12 +127,20 @@ func (w *watches) dispatch(ch <-chan any) {
 		w.mu.Lock()
 		switch m := m.(type) {
 		case *goredis.Subscription:
-			if s := w.subs[m.Channel]; s != nil && m.Kind == "subscribe" && !s.isConfirm {
+			s := w.subs[m.Channel]
+			switch {
+			case s == nil || m.Kind != "subscribe":
+			case !s.isConfirm:
 				s.isConfirm = true
 				close(s.confirmed)
 				if len(s.watchers) == 0 { // all left while it was confirmed
 					w.unsubscribe(m.Channel)
 				}
+			default:
+				// Subscribed again, after go-redis replaced a dead
+				// connection: a release published meanwhile was lost.
+				// Every watcher asks again, rather than at its next poll.
+				s.wake("*")
 			}
 		case *goredis.Message:
 			if s := w.subs[m.Channel]; s != nil {

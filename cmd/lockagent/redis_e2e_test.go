@@ -42,6 +42,57 @@ func TestA1_AcrossAgents(t *testing.T) {
 	t.Logf("A1 across agents: granted %v after the holder dropped", took)
 }
 
+// TestWaiterAfterItsSubscriptionDied (redis.md section 7, case 23): the
+// connection on which an agent hears of releases is killed while its app
+// waits, and the lock released at once, while the agent subscribes again:
+// the waiter gets the lock within milliseconds all the same (told by the
+// channel, or woken to ask again when the subscription is back), not at
+// its next poll, a second later.
+func TestWaiterAfterItsSubscriptionDied(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, 2, redistest.Options{}, "")
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+	holder := f.agents[0].client(t, "holder")
+	waiter := f.agents[1].client(t, "waiter")
+	channel := func(name string) string { return lockKey(name) + ":c" }
+	subscribed := func(name string) bool {
+		n, err := rc.PubSubNumSub(ctx, channel(name)).Result()
+		return err == nil && n[channel(name)] > 0
+	}
+	handover := func(name string, kill bool) time.Duration {
+		t.Helper()
+		mustAcquire(t, holder, name, nil)
+		got := make(chan lease, 1)
+		go func() {
+			var w lease
+			waiter.Call(ctx, "acquire", map[string]any{"name": name, "wait_ms": 10000}, &w)
+			got <- w
+		}()
+		eventually(t, 5*time.Second, "the waiter's agent subscribed", func() bool { return subscribed(name) })
+		if kill {
+			require.NoError(t, rc.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
+		}
+		released := time.Now()
+		holder.Close()
+		holder = f.agents[0].client(t, "holder")
+		var w lease
+		select {
+		case w = <-got:
+		case <-time.After(callTimeout):
+			t.Fatalf("%s: the waiter did not get the lock", name)
+		}
+		require.True(t, w.Acquired, name)
+		opsRelease(t, waiter, w.Lease)
+		return time.Since(released)
+	}
+	killed := handover("sub/killed", true)
+	assert.Less(t, killed, 500*time.Millisecond, "woken when subscribed again, before its poll")
+	again := handover("sub/again", false)
+	assert.Less(t, again, 200*time.Millisecond, "subscribed again, the release is heard")
+	t.Logf("subscription killed: the waiter got the lock %s after the release; subscribed again: %s", msString(killed), msString(again))
+}
+
 // TestStopDuringStartup: a SIGTERM while the agent waits for its Redis
 // (here, a server that accepts and never answers) stops it cleanly: exit
 // 0 within a Redis read's timeout, its socket removed.
