@@ -137,6 +137,7 @@ type Agent struct {
 
 	kick chan struct{} // wakes the scheduler when the schedule's head changes
 	wg   sync.WaitGroup
+	stop chan struct{} // closed when Run starts shutting down
 	done chan struct{} // closed when Run has returned
 }
 
@@ -154,6 +155,7 @@ func New(cfg Config) *Agent {
 		perUID:   make(map[uint32]int),
 		sessUID:  make(map[uint32]int),
 		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		started:  time.Now(),
 	}
@@ -193,6 +195,7 @@ func (a *Agent) Done() <-chan struct{} { return a.done }
 func (a *Agent) shutdown() {
 	a.mu.Lock()
 	a.closing = true
+	close(a.stop)
 	var ended []*lease
 	for _, s := range a.sessions {
 		s.send(Event{Kind: EventShutdown, Message: "the agent is stopping; every lease is being released"})
@@ -229,16 +232,74 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond + a.cfg.NotifyBudget
 }
 
-// releaseBackend releases l in the backend; failures are logged, since the
+// releaseBackend releases l, which the agent has dropped, in the backend.
+// A release the backend was unavailable for is tried again in the
+// background (see retryRelease); other failures are logged, since the
 // lease will expire there on its own.
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
-	if err != nil && !errors.Is(err, backend.ErrNotHeld) {
-		if o := a.cfg.Observer; o != nil {
-			o.BackendError("release")
-		}
-		a.log.Warn("release failed; the lease will expire in the backend", "name", l.name, "lease", l.id, "error", err)
+	if err == nil || errors.Is(err, backend.ErrNotHeld) {
+		return
 	}
+	if o := a.cfg.Observer; o != nil {
+		o.BackendError("release")
+	}
+	if errors.Is(err, backend.ErrUnavailable) && a.retryRelease(l) {
+		a.log.Warn("release failed; trying again until the lease would expire in the backend", "name", l.name, "lease", l.id, "error", err)
+		return
+	}
+	a.log.Warn("release failed; the lease will expire in the backend", "name", l.name, "lease", l.id, "error", err)
+}
+
+// Retries of a failed release start after releaseRetry, and double up to
+// maxReleaseRetry.
+const (
+	releaseRetry    = 100 * time.Millisecond
+	maxReleaseRetry = 2 * time.Second
+)
+
+// retryRelease tries again, in the background, to release l: a backend
+// unavailable for a moment (a failover, a slot of a Cluster on the move,
+// a dropped connection) would otherwise leave l's name held there until
+// the lease expires, though its holder let it go. It tries until l's local
+// deadline, after which the backend lets the lease go anyway, or until the
+// agent stops. It reports false when it does not try: the deadline passed,
+// or the agent is stopping.
+func (a *Agent) retryRelease(l *lease) bool {
+	until := l.validUntil
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing || !time.Now().Before(until) {
+		return false
+	}
+	a.wg.Add(1) // under a.mu, not closing: before Run waits
+	go func() {
+		defer a.wg.Done()
+		for wait := releaseRetry; ; wait = min(2*wait, maxReleaseRetry) {
+			t := time.NewTimer(wait)
+			select {
+			case <-a.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if !time.Now().Before(until) {
+				return
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), until)
+			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
+			cancel()
+			switch {
+			case err == nil, errors.Is(err, backend.ErrNotHeld):
+				a.log.Info("release done on a later try", "name", l.name, "lease", l.id)
+				return
+			case !errors.Is(err, backend.ErrUnavailable):
+				a.log.Warn("release failed; the lease will expire in the backend", "name", l.name, "lease", l.id, "error", err)
+				return
+			}
+		}
+	}()
+	return true
 }
 
 // releaseLater releases leases in the background, on a goroutine Run waits

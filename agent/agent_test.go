@@ -35,6 +35,7 @@ type faulty struct {
 	lostAnswer   atomic.Bool  // an acquire is applied, but its answer lost
 	failPrefix   atomic.Value // string: renewals of names with it fail
 	releaseDelay atomic.Int64 // a release is sent this late, unless its context ends first
+	failRelease  atomic.Bool  // releases fail with ErrUnavailable
 
 	mu       sync.Mutex
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
@@ -74,6 +75,9 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 }
 
 func (f *faulty) Release(ctx context.Context, l backend.Lease) error {
+	if f.failRelease.Load() {
+		return fmt.Errorf("release %s: %w", l.Name, backend.ErrUnavailable)
+	}
 	select {
 	case <-time.After(time.Duration(f.releaseDelay.Load())):
 		return f.Backend.Release(ctx, l)
@@ -513,6 +517,37 @@ func TestCampaignAfterAResume(t *testing.T) {
 			require.Len(t, info.Holders, 1)
 			assert.Equal(t, evs[0].Lease, info.Holders[0].LeaseID)
 		}
+	})
+}
+
+// TestReleaseRetried: a release the backend was unavailable for is tried
+// again until it is done, so that the name is free there long before the
+// lease would expire; the retries stop with the agent.
+func TestReleaseRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		s, _ := openSession(t, a)
+		holders := func(name string) int {
+			info, err := f.Inspect(context.Background(), name)
+			require.NoError(t, err)
+			return len(info.Holders)
+		}
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: time.Minute})
+		f.failRelease.Store(true)
+		require.NoError(t, s.Release(context.Background(), l.ID))
+		time.Sleep(time.Second)
+		require.Equal(t, 1, holders("n"), "held in the backend while releases fail")
+		f.failRelease.Store(false)
+		time.Sleep(3 * time.Second) // past the next try: they back off to 2s at most
+		synctest.Wait()
+		assert.Equal(t, 0, holders("n"), "released by a later try")
+
+		m := mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Minute})
+		f.failRelease.Store(true)
+		require.NoError(t, s.Release(context.Background(), m.ID))
+		stopped := time.Now()
+		stop()
+		assert.Less(t, time.Since(stopped), time.Second, "the retries stop with the agent")
 	})
 }
 

@@ -1255,3 +1255,142 @@ func TestCluster_TwoAgents(t *testing.T) {
 	t.Logf("Cluster: 24 names over 3 primaries %v; A1 across agents on each primary, slowest %s; %d operations by 4 apps on 2 agents over %d hot names: linearizable",
 		spread, msString(slowest), res.Operations, len(hot))
 }
+
+// TestCluster_SlotMigration (redis.md section 7, case 22): the slot of a
+// held name moves to another primary while its lease is renewed, through
+// the states of a resharding (MIGRATING and IMPORTING: ASK redirects;
+// then the new owner: MOVED). The lease stays held and renewed, nobody
+// else gets the name meanwhile, a waiter on it is still woken by its
+// release, and the keys end on the new primary.
+func TestCluster_SlotMigration(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second // renewed every third of a second
+	cl := redistest.StartCluster(t, 3)
+	body := fmt.Sprintf("  addresses = %s\n  cluster   = true", opsHCLList(cl.Addrs()))
+	agent := opsAgent(t, body)
+	cc := cl.Client(t)
+	ctx := t.Context()
+	nodes := map[string]*goredis.Client{}
+	ids := map[string]string{}
+	for _, addr := range cl.Addrs() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		t.Cleanup(func() { c.Close() })
+		nodes[addr] = c
+		id, err := c.Do(ctx, "CLUSTER", "MYID").Text()
+		require.NoError(t, err)
+		ids[addr] = id
+	}
+
+	const name = "mig/held"
+	slot, err := cc.ClusterKeySlot(ctx, lockKey(name)).Result()
+	require.NoError(t, err)
+	var from, to string
+	for addr, c := range nodes {
+		all, err := c.Do(ctx, "CLUSTER", "NODES").Text()
+		require.NoError(t, err)
+		for _, line := range strings.Split(all, "\n") {
+			if strings.Contains(line, "myself") && slotInLine(line, slot) {
+				from = addr
+			}
+		}
+	}
+	require.NotEmpty(t, from, "the primary of slot %d", slot)
+	for addr := range nodes {
+		if addr != from {
+			to = addr
+			break
+		}
+	}
+
+	app := agent.client(t, "mig-app")
+	events := recordEvents(app)
+	l := mustAcquire(t, app, name, ttlArg(ttl))
+	other := agent.client(t, "mig-other")
+	got := make(chan lease, 1)
+	go func() {
+		var w lease
+		other.Call(ctx, "acquire", map[string]any{"name": name, "wait_ms": 20000, "ttl_ms": ttl.Milliseconds()}, &w)
+		got <- w
+	}()
+	agent.waitQueued(t, 1)
+
+	// renewed waits through a few renewals and checks the lease is held.
+	renewed := func(what string) {
+		t.Helper()
+		until := time.Now().Add(ttl + ttl/2)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for ; time.Now().Before(until); <-tick.C {
+			require.True(t, opsCheck(t, app, l.Lease).Held, "%s: the lease is held", what)
+		}
+		select {
+		case w := <-got:
+			t.Fatalf("%s: the waiter got the name while it was held: %+v", what, w)
+		default:
+		}
+	}
+	cluster := func(addr string, args ...any) {
+		t.Helper()
+		require.NoError(t, nodes[addr].Do(ctx, append([]any{"CLUSTER"}, args...)...).Err(), "%s: CLUSTER %v", addr, args)
+	}
+
+	// The resharding's steps, back to back as redis-cli --cluster reshard
+	// takes them: while the slot is MIGRATING, a script whose keys are
+	// partly on one side gets TRYAGAIN, which go-redis retries a few
+	// times.
+	cluster(to, "SETSLOT", slot, "IMPORTING", ids[from])
+	cluster(from, "SETSLOT", slot, "MIGRATING", ids[to])
+	keys, err := nodes[from].Do(ctx, "CLUSTER", "GETKEYSINSLOT", slot, 100).StringSlice()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	host, port, err := net.SplitHostPort(to)
+	require.NoError(t, err)
+	migrate := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		migrate = append(migrate, k)
+	}
+	require.NoError(t, nodes[from].Do(ctx, migrate...).Err())
+	for addr := range nodes {
+		cluster(addr, "SETSLOT", slot, "NODE", ids[to])
+	}
+	renewed("slot moved (MOVED)")
+
+	owner, err := nodes[to].HGet(ctx, lockKey(name), "o").Result()
+	require.NoError(t, err)
+	assert.Equal(t, l.Lease, owner, "the holder's key is on the new primary")
+	pttl, err := nodes[to].PTTL(ctx, lockKey(name)).Result()
+	require.NoError(t, err)
+	assert.Greater(t, pttl, ttl/3, "renewed there")
+
+	released := time.Now()
+	opsRelease(t, app, l.Lease)
+	var w lease
+	select {
+	case w = <-got:
+	case <-time.After(callTimeout):
+		t.Fatal("the waiter did not get the name after its release")
+	}
+	require.True(t, w.Acquired)
+	assert.Greater(t, w.Token, l.Token)
+	assert.Empty(t, events.kinds(), "no lost event")
+	t.Logf("Cluster slot %d moved from %s to %s under a renewed lease; its waiter had the name %s after the release",
+		slot, from, to, msString(time.Since(released)))
+}
+
+// slotInLine tells whether a line of CLUSTER NODES lists slot among its
+// ranges.
+func slotInLine(line string, slot int64) bool {
+	f := strings.Fields(line)
+	for _, r := range f[min(8, len(f)):] {
+		lo, hi, ok := strings.Cut(r, "-")
+		if !ok {
+			hi = lo
+		}
+		a, err1 := strconv.ParseInt(lo, 10, 64)
+		b, err2 := strconv.ParseInt(hi, 10, 64)
+		if err1 == nil && err2 == nil && a <= slot && slot <= b {
+			return true
+		}
+	}
+	return false
+}
