@@ -555,7 +555,17 @@ func TestB9_RedisClockFast(t *testing.T) {
 						t.Errorf("app %d: no lost event for %s within %s", i, l.Lease, ttl+time.Second)
 						return
 					}
-					reg.Write(l.Token)
+					if !reg.Write(l.Token) {
+						// Refused: a higher token wrote, whose grant was
+						// recorded before its first write. The newest
+						// holder is never refused.
+						mu.Lock()
+						newest := grants[len(grants)-1]
+						mu.Unlock()
+						if newest == g {
+							t.Errorf("app %d: the newest holder's write (token %d) was refused", i, l.Token)
+						}
+					}
 					time.Sleep(5 * time.Millisecond)
 				}
 			}
