@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -410,8 +411,12 @@ func (h *fltHistory) check(t *testing.T) (ops, holds, violations int) {
 		t.Error(p)
 		violations++
 	}
-	if !porcupine.CheckOperations(lockcheck.Strict, h.ops) {
-		t.Errorf("the history of %d operations is not linearizable as a lock", len(h.ops))
+	if res, info := porcupine.CheckOperationsVerbose(lockcheck.Strict, h.ops, time.Minute); res != porcupine.Ok {
+		path := artifact(t, "history.html")
+		if err := porcupine.VisualizePath(lockcheck.Strict, info, path); err != nil {
+			t.Logf("visualization: %v", err)
+		}
+		t.Errorf("the history of %d operations is not linearizable as a lock (%s); porcupine's view: %s", len(h.ops), res, path)
 		violations++
 	}
 	hs := append([]fltHold(nil), h.holds...)
@@ -434,6 +439,21 @@ func (h *fltHistory) check(t *testing.T) (ops, holds, violations int) {
 		}
 	}
 	return len(h.ops), len(hs), violations
+}
+
+// artifact is the path of a file a failed test leaves for study, in a
+// directory named by the test and the time, under $LOCKAGENT_ARTIFACTS or
+// else the temporary directory; it outlives the test.
+func artifact(t *testing.T, name string) string {
+	base := os.Getenv("LOCKAGENT_ARTIFACTS")
+	if base == "" {
+		base = os.TempDir()
+	}
+	dir := filepath.Join(base, fmt.Sprintf("lockagent-%s-%s", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().Format("20060102-150405")))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("artifacts: %v", err)
+	}
+	return filepath.Join(dir, name)
 }
 
 // TestA2_DropWhileRedisBlackholed: an application holding locks drops
