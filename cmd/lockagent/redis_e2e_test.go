@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,7 +18,8 @@ import (
 
 // TestA1_AcrossAgents: an app on one agent holds a lock and drops; a
 // waiter on another agent gets it well under 100 ms later, with a higher
-// token.
+// token. Then an app process holding five locks is killed with SIGKILL:
+// the waiters on the other agent get them all within a second.
 func TestA1_AcrossAgents(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, 2, redistest.Options{}, "")
@@ -40,6 +43,48 @@ func TestA1_AcrossAgents(t *testing.T) {
 	assert.Greater(t, w.Token, l.Token)
 	assert.Less(t, took, 100*time.Millisecond, "the waiter on the other agent was woken by the release")
 	t.Logf("A1 across agents: granted %v after the holder dropped", took)
+
+	// An application process holding several locks through agent 0 is
+	// killed with SIGKILL: apps on agent 1 waiting for each get them all.
+	names := []string{"fleet/k0", "fleet/k1", "fleet/k2", "fleet/k3", "fleet/k4"}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	app := startProc(t, "holder app", append(f.agents[0].env.clientEnv(), helperEnv+"=hold"), self, names...)
+	fields := strings.Fields(app.waitOutput(t, "\n", exitTimeout))
+	require.Len(t, fields, 1+len(names))
+	require.Equal(t, "held", fields[0])
+	granted := make(chan lease, len(names))
+	for _, n := range names {
+		c := f.agents[1].client(t, "waiter "+n)
+		go func() {
+			var w lease
+			c.Call(t.Context(), "acquire", map[string]any{"name": n, "wait_ms": 10000}, &w)
+			granted <- w
+		}()
+	}
+	f.agents[1].waitQueued(t, len(names))
+	app.signal(t, syscall.SIGKILL)
+	app.wait(t, exitTimeout)
+	killed := time.Now()
+	held := map[string]uint64{}
+	for i, n := range names {
+		tok, err := strconv.ParseUint(fields[1+i], 10, 64)
+		require.NoError(t, err)
+		held[n] = tok
+	}
+	for i := range names {
+		var w lease
+		select {
+		case w = <-granted:
+		case <-time.After(callTimeout):
+			t.Fatalf("%d of %d waiters got their lock after the kill", i, len(names))
+		}
+		require.True(t, w.Acquired, "%+v", w)
+		assert.Greater(t, w.Token, held[w.Name], "%s: the token of a later grant", w.Name)
+	}
+	allIn := time.Since(killed)
+	assert.Less(t, allIn, releaseBound, "all granted soon after the kill")
+	t.Logf("A1 across agents, kill -9: the %d waiters on the other agent had their locks %v after the kill", len(names), allIn)
 }
 
 // TestWaiterAfterItsSubscriptionDied (redis.md section 7, case 23): the
