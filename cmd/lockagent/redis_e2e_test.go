@@ -73,12 +73,7 @@ func TestA1_AcrossAgents(t *testing.T) {
 		held[n] = tok
 	}
 	for i := range names {
-		var w lease
-		select {
-		case w = <-granted:
-		case <-time.After(callTimeout):
-			t.Fatalf("%d of %d waiters got their lock after the kill", i, len(names))
-		}
+		w := receive(t, granted, fmt.Sprintf("%d of %d waiters got their lock after the kill", i, len(names)))
 		require.True(t, w.Acquired, "%+v", w)
 		assert.Greater(t, w.Token, held[w.Name], "%s: the token of a later grant", w.Name)
 	}
@@ -121,12 +116,7 @@ func TestWaiterAfterItsSubscriptionDied(t *testing.T) {
 		released := time.Now()
 		holder.Close()
 		holder = f.agents[0].client(t, "holder")
-		var w lease
-		select {
-		case w = <-got:
-		case <-time.After(callTimeout):
-			t.Fatalf("%s: the waiter did not get the lock", name)
-		}
+		w := receive(t, got, fmt.Sprintf("%s: the waiter did not get the lock", name))
 		require.True(t, w.Acquired, name)
 		opsRelease(t, waiter, w.Lease)
 		return time.Since(released)

@@ -87,6 +87,20 @@ func (a *fleetAgent) waitQueued(t *testing.T, n int) {
 	})
 }
 
+// receive returns the next value of ch, failing the test with what did
+// not happen if none comes within callTimeout.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(callTimeout):
+		t.Fatal(what)
+		var zero T
+		return zero
+	}
+}
+
 // leaseMargin is the agent's safety margin for a TTL (docs/protocol.md, "When
 // a lease is lost"): TTL/100 + 2 ms + the 50 ms notify budget.
 func leaseMargin(ttl time.Duration) time.Duration { return ttl/100 + 52*time.Millisecond }

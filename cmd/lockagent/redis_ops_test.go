@@ -683,12 +683,7 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	eventually(t, callTimeout, "the contender is looping, denied", func() bool { return denied.Load() >= 2 })
 	evicted = time.Now()
 	require.EqualValues(t, 1, rc.Del(ctx, lockKey(old.Name)).Val())
-	var g grab
-	select {
-	case g = <-got:
-	case <-time.After(callTimeout):
-		t.Fatal("the contender did not get the evicted lock")
-	}
+	g := receive(t, got, "the contender did not get the evicted lock")
 	require.NoError(t, g.err)
 	assert.Greater(t, g.l.Token, old.Token, "the new grant's token is higher")
 	ev = hlog.waitLost(t, old.Lease, ttl)
@@ -982,12 +977,7 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 		assert.LessOrEqual(t, d, ttl+100*time.Millisecond, "%s expired within TTL", n)
 		assert.GreaterOrEqual(t, d, ttl-renewMax(ttl)-100*time.Millisecond, "%s was not released early", n)
 	}
-	var w lease
-	select {
-	case w = <-got:
-	case <-time.After(callTimeout):
-		t.Fatal("the waiter on the other agent did not get the lock")
-	}
+	w := receive(t, got, "the waiter on the other agent did not get the lock")
 	waited := time.Since(killed)
 	require.True(t, w.Acquired)
 	assert.Greater(t, w.Token, taken.Token)
@@ -1046,12 +1036,7 @@ func TestC4_RedisSigtermReleases(t *testing.T) {
 		assert.Zero(t, n, "%s is released in Redis once the agent has exited", name)
 	}
 	assert.Zero(t, queue("c4r/theirs"), "agent 0's waiter left the queue")
-	var w lease
-	select {
-	case w = <-got:
-	case <-time.After(callTimeout):
-		t.Fatal("the waiter on the other agent did not get the lock")
-	}
+	w := receive(t, got, "the waiter on the other agent did not get the lock")
 	require.True(t, w.Acquired, "the waiter on the other agent got c4r/conn")
 	handover := time.Since(stopped)
 	assert.Less(t, handover, 5*time.Second, "well before the TTL")
@@ -1188,12 +1173,7 @@ func TestCluster_TwoAgents(t *testing.T) {
 		agents[1].waitQueued(t, 1)
 		dropped := time.Now()
 		holder.Close()
-		var w lease
-		select {
-		case w = <-got:
-		case <-time.After(callTimeout):
-			t.Fatalf("%s (on %s): the waiter did not get the lock", n, addr)
-		}
+		w := receive(t, got, fmt.Sprintf("%s (on %s): the waiter did not get the lock", n, addr))
 		took := time.Since(dropped)
 		require.True(t, w.Acquired)
 		assert.Greater(t, w.Token, l.Token)
@@ -1374,12 +1354,7 @@ func TestCluster_SlotMigration(t *testing.T) {
 
 	released := time.Now()
 	opsRelease(t, app, l.Lease)
-	var w lease
-	select {
-	case w = <-got:
-	case <-time.After(callTimeout):
-		t.Fatal("the waiter did not get the name after its release")
-	}
+	w := receive(t, got, "the waiter did not get the name after its release")
 	require.True(t, w.Acquired)
 	assert.Greater(t, w.Token, l.Token)
 	assert.Empty(t, events.kinds(), "no lost event")
