@@ -265,6 +265,25 @@ func TestAdminReserve(t *testing.T) {
 	require.Equal(t, "accepted 0 refused 1", other.line())
 }
 
+// TestAdminReserveByGroup: an admin by one of its groups (admin_groups),
+// not its primary one, gets the reserve of connections too.
+func TestAdminReserveByGroup(t *testing.T) {
+	ta := startAgent(t, everybody, func(o *options) {
+		o.server.MaxConns = 5
+		o.agent.Access.AdminGIDs = []uint32{4999}
+		o.server.GroupsOf = func(uid uint32) ([]uint32, error) {
+			if uid == 4901 {
+				return []uint32{4901, 4999}, nil // a member of the admin group
+			}
+			return []uint32{uid}, nil
+		}
+	})
+	filler := startPeer(t, cred{uid: 4700, gid: 4700}, "conns", ta.path, "6")
+	require.Equal(t, "accepted 5 refused 1", filler.line())
+	admin := startPeer(t, cred{uid: 4901, gid: 4901}, "conns", ta.path, "1")
+	require.Equal(t, "accepted 1 refused 0", admin.line())
+}
+
 // TestF7_PerUIDLeaseCap: the leases of all the sessions of one uid are
 // capped together; beyond the cap limit_exceeded, and other uids lock on.
 func TestF7_PerUIDLeaseCap(t *testing.T) {

@@ -139,7 +139,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		}
 		mu.Lock()
 		n := len(conns)
-		full := n >= s.MaxConns && (n >= s.MaxConns+agent.AdminReserve || !s.Agent.IsAdmin(peer))
+		full := n >= s.MaxConns && (n >= s.MaxConns+agent.AdminReserve || !s.admin(peer))
 		fullUID := s.MaxConnsPerUID > 0 && perUID[peer.UID] >= s.MaxConnsPerUID
 		if !full && !fullUID {
 			perUID[peer.UID]++
@@ -179,6 +179,13 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	mu.Unlock()
 	wg.Wait()
 	return err
+}
+
+// admin tells whether peer is an admin, its groups looked up (a peer's
+// groups are otherwise read once its connection is served).
+func (s *Server) admin(peer agent.Peer) bool {
+	peer.Groups, _ = s.groups.groups(peer.UID)
+	return s.Agent.IsAdmin(peer)
 }
 
 // descriptor is the socket's file descriptor, or -1, and its raw
