@@ -74,6 +74,8 @@ func helperMain(mode string, args []string) int {
 			return 1
 		}
 		return 0
+	case "signal-without-pidfd":
+		return signalWithoutPidfd()
 	default:
 		fmt.Fprintf(os.Stderr, "helper: unknown mode %q\n", mode)
 		return 2

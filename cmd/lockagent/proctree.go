@@ -108,17 +108,18 @@ func signalAll(pids []int, sig syscall.Signal) (denied []int) {
 }
 
 // signalDescendant sends sig to pid if it is a descendant of run. Without
-// pidfds (Linux before 5.3) it checks, then kills.
+// pidfds (Linux before 5.3, or a sandbox that refuses pidfd_open, which
+// needs no permission over the process) it checks, then kills.
 func signalDescendant(pid int, sig syscall.Signal) error {
 	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ENOSYS) {
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return err
+	case err != nil:
 		if !descends(pid) {
 			return unix.ESRCH
 		}
 		return unix.Kill(pid, sig)
-	}
-	if err != nil {
-		return err
 	}
 	defer unix.Close(fd)
 	// The pidfd names one process for good: if pid descends from run now,
