@@ -225,6 +225,12 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w.attached = s.detaches
+	// An acquire being given up that this one replaces (see superseded)
+	// does not count against the limits.
+	replaces := 0
+	if o := s.pending[req.Name]; o != nil && o.superseded() {
+		replaces = 1
+	}
 	switch {
 	case a.closing:
 		return nil, ErrShuttingDown
@@ -236,9 +242,9 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.campaigns[req.Name] != nil:
 		return nil, invalidArg("the session campaigns for %q: resign first", req.Name)
-	case camp == nil && s.held() >= a.cfg.MaxLeasesPerSession:
+	case camp == nil && s.held()-replaces >= a.cfg.MaxLeasesPerSession:
 		return nil, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
-	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid] >= a.cfg.MaxLeasesPerUID:
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid]-replaces >= a.cfg.MaxLeasesPerUID:
 		return nil, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
 	q := a.queues[req.Name]
@@ -396,7 +402,10 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		ttl: req.TTL, meta: req.Meta, session: s, camp: w.camp, index: -1,
 	}
 	sent := time.Now()
-	deadline := sent.Add(req.TTL - a.margin(req.TTL))
+	// Until the grant's answer says better: a grant whose answer is lost
+	// is released, with retries, until then (see retryRelease).
+	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL))
+	deadline := l.validUntil
 	if !until.IsZero() {
 		deadline = earliest(deadline, until)
 	}

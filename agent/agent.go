@@ -137,8 +137,11 @@ type Agent struct {
 
 	kick chan struct{} // wakes the scheduler when the schedule's head changes
 	wg   sync.WaitGroup
-	stop chan struct{} // closed when Run starts shutting down
-	done chan struct{} // closed when Run has returned
+	// stopping ends when Run starts shutting down (stop ends it); the
+	// releases retried in the background end with it.
+	stopping context.Context
+	stop     context.CancelFunc
+	done     chan struct{} // closed when Run has returned
 }
 
 // New returns an agent for cfg. It starts nothing: call Run.
@@ -155,11 +158,11 @@ func New(cfg Config) *Agent {
 		perUID:   make(map[uint32]int),
 		sessUID:  make(map[uint32]int),
 		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		started:  time.Now(),
 	}
 	a.sched.origin = a.started
+	a.stopping, a.stop = context.WithCancel(context.Background())
 	a.SetAccess(cfg.Access)
 	return a
 }
@@ -195,7 +198,7 @@ func (a *Agent) Done() <-chan struct{} { return a.done }
 func (a *Agent) shutdown() {
 	a.mu.Lock()
 	a.closing = true
-	close(a.stop)
+	a.stop()
 	var ended []*lease
 	for _, s := range a.sessions {
 		s.send(Event{Kind: EventShutdown, Message: "the agent is stopping; every lease is being released"})
@@ -278,7 +281,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 		for wait := releaseRetry; ; wait = min(2*wait, maxReleaseRetry) {
 			t := time.NewTimer(wait)
 			select {
-			case <-a.stop:
+			case <-a.stopping.Done():
 				t.Stop()
 				return
 			case <-t.C:
@@ -286,7 +289,9 @@ func (a *Agent) retryRelease(l *lease) bool {
 			if !time.Now().Before(until) {
 				return
 			}
-			ctx, cancel := context.WithDeadline(context.Background(), until)
+			// A try ends with the agent's stop too, so as not to hold up
+			// its shutdown.
+			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
 			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
 			cancel()
 			switch {

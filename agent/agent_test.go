@@ -484,6 +484,40 @@ func TestAcquireAfterAResume(t *testing.T) {
 	}
 }
 
+// TestAcquireAfterAResumeAtTheCaps: the acquire that takes the place of
+// the old connection's (cancelled at the resume, its backend call not
+// yet back) is not refused by the limits, which that old acquire, being
+// given up, no longer counts against.
+func TestAcquireAfterAResumeAtTheCaps(t *testing.T) {
+	for _, cfg := range []agent.Config{{}, {MaxLeasesPerSession: 1}, {MaxLeasesPerUID: 1}} {
+		t.Run(fmt.Sprintf("session=%d,uid=%d", cfg.MaxLeasesPerSession, cfg.MaxLeasesPerUID), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, f, stop := run(t, cfg)
+				defer stop()
+				peer := agent.Peer{UID: 1000}
+				s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, &conn{})
+				require.NoError(t, err)
+				f.acquireDelay.Store(int64(time.Second)) // the old attempt is in the backend
+				oldCtx, cancelOld := context.WithCancel(context.Background())
+				oldDone := make(chan error, 1)
+				go func() {
+					_, err := s.Acquire(oldCtx, agent.AcquireRequest{Name: "n", Wait: -1})
+					oldDone <- err
+				}()
+				time.Sleep(10 * time.Millisecond)
+				_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+				require.NoError(t, err)
+				cancelOld() // as socketapi does for the old connection's requests
+				f.acquireDelay.Store(0)
+				res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: -1})
+				require.NoError(t, err, "the new connection's acquire in the old one's place")
+				assert.True(t, res.Acquired)
+				assert.Error(t, <-oldDone)
+			})
+		})
+	}
+}
+
 // TestCampaignAfterAResume: a connection that resumes a session may
 // campaign at once for a name that the old connection campaigned for (a
 // connection-scoped campaign, stopped with its connection, whose attempt
@@ -542,9 +576,26 @@ func TestReleaseRetried(t *testing.T) {
 		synctest.Wait()
 		assert.Equal(t, 0, holders("n"), "released by a later try")
 
-		m := mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Minute})
+		// A grant whose answer was lost is released, and retried, too.
+		f.lostAnswer.Store(true)
+		f.failRelease.Store(true)
+		_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "lost", TTL: time.Hour})
+		require.Error(t, err)
+		f.lostAnswer.Store(false)
+		time.Sleep(time.Second)
+		require.Equal(t, 1, holders("lost"), "held in the backend while releases fail")
+		f.failRelease.Store(false)
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, 0, holders("lost"), "released by a later try")
+
+		// The retries stop with the agent, a try in flight included.
+		m := mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Hour})
 		f.failRelease.Store(true)
 		require.NoError(t, s.Release(context.Background(), m.ID))
+		f.failRelease.Store(false)
+		f.releaseDelay.Store(int64(time.Hour)) // the next try hangs
+		time.Sleep(200 * time.Millisecond)     // it is in flight
 		stopped := time.Now()
 		stop()
 		assert.Less(t, time.Since(stopped), time.Second, "the retries stop with the agent")

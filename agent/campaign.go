@@ -76,6 +76,12 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// An acquire being given up that this campaign replaces (see
+	// superseded) does not count against the limits.
+	replaces := 0
+	if o := s.pending[req.Name]; o != nil && o.superseded() {
+		replaces = 1
+	}
 	switch {
 	case a.closing:
 		return "", ErrShuttingDown
@@ -87,9 +93,9 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		return "", &AlreadyHeldError{Lease: s.leases[req.Name].public()}
 	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():
 		return "", invalidArg("an acquire of %q is already in progress in this session", req.Name)
-	case s.held() >= a.cfg.MaxLeasesPerSession:
+	case s.held()-replaces >= a.cfg.MaxLeasesPerSession:
 		return "", fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
-	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid] >= a.cfg.MaxLeasesPerUID:
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid]-replaces >= a.cfg.MaxLeasesPerUID:
 		// No term could be granted: say so now rather than contend in vain.
 		return "", fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
