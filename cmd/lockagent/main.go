@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -117,7 +118,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, err
 		}
 		rest := fs.Args()
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" && !valueOf(fs, args[:n-1]) {
 			return append(pos, rest...), nil
 		}
 		if len(rest) == 0 {
@@ -125,6 +126,25 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
+}
+
+// valueOf tells whether the argument after args is the value of their
+// last one, a flag that takes a value ("-socket --" gives -socket the
+// value "--").
+func valueOf(fs *flag.FlagSet, args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	last := args[len(args)-1]
+	if !strings.HasPrefix(last, "-") || strings.Contains(last, "=") {
+		return false
+	}
+	f := fs.Lookup(strings.TrimLeft(last, "-"))
+	if f == nil {
+		return false
+	}
+	b, isBool := f.Value.(interface{ IsBoolFlag() bool })
+	return !isBool || !b.IsBoolFlag()
 }
 
 // parseFlags parses args, turning flag errors into usage errors.
