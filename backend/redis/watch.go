@@ -47,6 +47,7 @@ type change struct {
 type subscription struct {
 	confirmed chan struct{} // closed when Redis confirms the SUBSCRIBE
 	isConfirm bool
+	late      bool                     // a watch returned before the confirmation (see watch)
 	watchers  map[chan struct{}]string // each watcher's ticket
 }
 
@@ -136,6 +137,11 @@ func (w *watches) dispatch(ch <-chan any) {
 				if len(s.watchers) == 0 { // all left while it was confirmed
 					w.unsubscribe(m.Channel)
 				}
+				if s.late {
+					// Watchers that stopped waiting for it asked
+					// meanwhile: a release since then was not heard.
+					s.wake("*")
+				}
 			default:
 				// Subscribed again, after go-redis replaced a dead
 				// connection: a release published meanwhile was lost.
@@ -224,6 +230,11 @@ func (w *watches) watch(ctx context.Context, channel, ticket string) (<-chan str
 	select {
 	case <-s.confirmed:
 	case <-t.C:
+		// Unconfirmed: the caller asks, and polls; the confirmation,
+		// when it comes, wakes it (see dispatch).
+		w.mu.Lock()
+		s.late = true
+		w.mu.Unlock()
 	case <-ctx.Done():
 		stop()
 		return nil, nil, ctx.Err()

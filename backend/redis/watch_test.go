@@ -126,3 +126,28 @@ func TestWatchesDuringAHungReconnect(t *testing.T) {
 		t.Fatal("a release published after the link healed never reached the watch")
 	}
 }
+
+// TestWatchConfirmedLate: a watch that returned before Redis confirmed its
+// subscription (the link black-holed) is woken when the confirmation
+// comes: a release published before then was not heard.
+func TestWatchConfirmedLate(t *testing.T) {
+	_, px, w := startWatches(t)
+	px.Blackhole()
+	const channel = "hr:lk:{late}:c"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ch, stop, err := w.watch(ctx, channel, "t")
+	require.NoError(t, err, "the watch returns, unconfirmed, after confirmWait")
+	defer stop()
+	select {
+	case <-ch:
+		t.Fatal("woken before the confirmation")
+	default:
+	}
+	px.Pass()
+	select {
+	case <-ch:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the late confirmation did not wake the watch")
+	}
+}
