@@ -38,6 +38,10 @@ type AcquireRequest struct {
 	// Granted, if set, is called with the new lease with the agent's lock
 	// held, before any event of the lease can be sent. It must not block.
 	Granted func(Lease)
+	// Conn, if set, is the connection asking. Once another connection
+	// has taken the session over (a resume), its acquires are refused as
+	// cancelled, not made the new connection's.
+	Conn Conn
 }
 
 // AcquireResult is the answer of acquire: a lease, or a denial with its
@@ -236,6 +240,8 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, ErrShuttingDown
 	case s.ended:
 		return nil, ErrSessionEnded
+	case req.Conn != nil && req.Conn != s.conn:
+		return nil, context.Canceled
 	case s.leases[req.Name] != nil:
 		return nil, &AlreadyHeldError{Lease: s.leases[req.Name].public()}
 	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():

@@ -518,6 +518,34 @@ func TestAcquireAfterAResumeAtTheCaps(t *testing.T) {
 	}
 }
 
+// TestRequestsOfATakenOverConnection: an acquire or a campaign that the
+// old connection asks once a resume has taken the session (read just
+// before its connection was closed) is refused as cancelled: it is not
+// made the new connection's, and does not stand in the way of its
+// requests.
+func TestRequestsOfATakenOverConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{})
+		defer stop()
+		peer := agent.Peer{UID: 1000}
+		old, taker := &conn{}, &conn{}
+		s, err := a.Open(peer, agent.SessionOptions{SessionTTL: ptr(30 * time.Second)}, old)
+		require.NoError(t, err)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "before", Conn: old})
+		_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, taker)
+		require.NoError(t, err)
+
+		_, err = s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: time.Minute, Conn: old})
+		require.ErrorIs(t, err, context.Canceled)
+		_, err = s.Campaign(agent.CampaignRequest{Name: "c", Conn: old})
+		require.ErrorIs(t, err, context.Canceled)
+
+		mustAcquire(t, s, agent.AcquireRequest{Name: "n", Conn: taker})
+		_, err = s.Campaign(agent.CampaignRequest{Name: "c", Conn: taker})
+		require.NoError(t, err)
+	})
+}
+
 // TestCampaignAfterAResume: a connection that resumes a session may
 // campaign at once for a name that the old connection campaigned for (a
 // connection-scoped campaign, stopped with its connection, whose attempt

@@ -29,6 +29,8 @@ type CampaignRequest struct {
 	// lock held, before any event of the campaign can be sent. It must
 	// not block.
 	Started func(id string)
+	// Conn, if set, is the connection asking: as for AcquireRequest.Conn.
+	Conn Conn
 }
 
 // campaign is one campaign in progress. Its mutable fields are guarded by
@@ -87,6 +89,8 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		return "", ErrShuttingDown
 	case s.ended:
 		return "", ErrSessionEnded
+	case req.Conn != nil && req.Conn != s.conn:
+		return "", context.Canceled
 	case s.campaigns[req.Name] != nil:
 		return "", invalidArg("the session already campaigns for %q", req.Name)
 	case s.leases[req.Name] != nil:

@@ -612,6 +612,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 	ar.Granted = func(l agent.Lease) {
 		c.queue(encodeOK(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(l)}))
 	}
+	ar.Conn = c // refused once a resume took the session
 	if ar.Wait == 0 {
 		res, err := c.sess.Acquire(ctx, ar)
 		c.replyAcquire(id, res, err)
