@@ -35,8 +35,10 @@ commands:
   ctl inspect NAME                                      who holds a name, its last token
   ctl break NAME                                        admin: end every lease on a name
   ctl status [-json]                                    version, uptime, backend state, counts
-  run [-wait DUR] [-shared] [-ttl DUR] NAME -- CMD ...  run a command while holding a lock
-  run -elect NAME [-ttl DUR] -- CMD [ARGS...]           run a command whenever this host leads NAME
+  run [-wait DUR] [-shared] [-ttl DUR] [-grace DUR] NAME -- CMD [ARGS...]
+                                                        run a command while holding a lock
+  run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]
+                                                        run a command whenever this host leads NAME
   config check [-config FILE]                           validate and print the configuration
   version                                               version, commit, Go version
 
