@@ -61,6 +61,11 @@ type Redis struct {
 	DB                 int
 	KeyPrefix          string
 	TLS                *TLS // nil: plain TCP
+	// WaitReplicas, when above 0, is how many replicas must have a grant
+	// (Redis's WAIT) within WaitTimeout for it to be handed out; else it
+	// is released and the acquire fails. Not with Cluster.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // TLS configures TLS to Redis. Empty CAFile means the system roots;
@@ -112,6 +117,9 @@ const (
 	lineBytesFloor   = 1 << 10                // room for any valid request
 	lineBytesCeiling = 16 << 20               // a bound on per-connection memory
 	socketPathBytes  = 107                    // sun_path on Linux, less its NUL
+	// WAIT for replicas blocks the grant's connection this long at most.
+	defaultWaitTimeout = 100 * time.Millisecond
+	maxWaitTimeout     = 10 * time.Second
 )
 
 // Default returns the built-in configuration: what the agent runs with when

@@ -49,6 +49,8 @@ func TestLoadGood(t *testing.T) {
 				PasswordFile: "/etc/lockagent/redis.password",
 				DB:           2,
 				KeyPrefix:    "locks",
+				WaitReplicas: 1,
+				WaitTimeout:  250 * time.Millisecond,
 				TLS: &TLS{
 					CAFile:   "/etc/lockagent/ca.pem",
 					CertFile: "/etc/lockagent/client.pem",
@@ -222,6 +224,24 @@ func TestValidate(t *testing.T) {
 				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, Cluster: true, MasterName: "m", KeyPrefix: "k"}}
 			},
 			`backend "redis".cluster: Redis Cluster and Sentinel (master_name) exclude each other`,
+		},
+		"negative wait_replicas": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, KeyPrefix: "k", WaitReplicas: -1}}
+			},
+			`backend "redis".wait_replicas: -1 is below 0`,
+		},
+		"wait_replicas on cluster": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, Cluster: true, KeyPrefix: "k", WaitReplicas: 1, WaitTimeout: time.Second}}
+			},
+			`backend "redis".wait_replicas: is not supported with Redis Cluster`,
+		},
+		"wait_timeout too long": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, KeyPrefix: "k", WaitReplicas: 1, WaitTimeout: time.Minute}}
+			},
+			`backend "redis".wait_timeout: 1m0s is not between 1ms and 10s`,
 		},
 		"duplicate rule": {
 			func(c *Config) { c.ACL = &ACL{Rules: []Rule{{Pattern: "a/*"}, {Pattern: "a/*"}}} },

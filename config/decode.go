@@ -205,14 +205,14 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.block(field, b, nil)
 		*be = Backend{Kind: "memory"}
 	case "redis":
-		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "password_credential", "db", "key_prefix"},
+		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "password_credential", "db", "key_prefix", "wait_replicas", "wait_timeout"},
 			hcl.BlockHeaderSchema{Type: "tls"})
 		a := content.Attributes
 		if attr := a["password"]; attr != nil {
 			// Listed in the schema only to explain why it is refused.
 			d.failf(field+".password", attr.NameRange, "a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential")
 		}
-		r := &Redis{KeyPrefix: "lockagent"}
+		r := &Redis{KeyPrefix: "lockagent", WaitTimeout: defaultWaitTimeout}
 		d.strs(field+".addresses", a["addresses"], &r.Addresses)
 		d.str(field+".master_name", a["master_name"], &r.MasterName)
 		d.boolean(field+".cluster", a["cluster"], &r.Cluster)
@@ -221,6 +221,8 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.str(field+".password_credential", a["password_credential"], &r.PasswordCredential)
 		d.integer(field+".db", a["db"], &r.DB)
 		d.str(field+".key_prefix", a["key_prefix"], &r.KeyPrefix)
+		d.integer(field+".wait_replicas", a["wait_replicas"], &r.WaitReplicas)
+		d.duration(field+".wait_timeout", a["wait_timeout"], &r.WaitTimeout)
 		if tb := d.unique(field+".", content.Blocks)["tls"]; tb != nil {
 			a := d.block(field+".tls", tb, []string{"ca_file", "cert_file", "key_file"}).Attributes
 			r.TLS = &TLS{}

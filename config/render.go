@@ -28,7 +28,9 @@ func (c Config) Render() string {
 			"password_file", quote(r.PasswordFile),
 			"password_credential", quote(r.PasswordCredential),
 			"db", strconv.Itoa(r.DB),
-			"key_prefix", quote(r.KeyPrefix))
+			"key_prefix", quote(r.KeyPrefix),
+			"wait_replicas", strconv.Itoa(r.WaitReplicas),
+			"wait_timeout", quote(formatDuration(r.WaitTimeout)))
 		if t := r.TLS; t != nil {
 			b.WriteString("\n  tls {\n")
 			attrs(&b, "    ", "ca_file", quote(t.CAFile), "cert_file", quote(t.CertFile), "key_file", quote(t.KeyFile))

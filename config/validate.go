@@ -218,6 +218,16 @@ func (r *Redis) problems() []*fieldError {
 	if t := r.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
 		bad("tls", "cert_file and key_file go together")
 	}
+	switch {
+	case r.WaitReplicas < 0:
+		bad("wait_replicas", "%d is below 0", r.WaitReplicas)
+	case r.WaitReplicas > 0 && r.Cluster:
+		// WAIT names no key: a Cluster pipeline would not send it to the
+		// primary that made the grant.
+		bad("wait_replicas", "is not supported with Redis Cluster")
+	case r.WaitReplicas > 0 && (r.WaitTimeout < time.Millisecond || r.WaitTimeout > maxWaitTimeout):
+		bad("wait_timeout", "%s is not between 1ms and %s", r.WaitTimeout, maxWaitTimeout)
+	}
 	return ps
 }
 

@@ -39,6 +39,14 @@ type Options struct {
 	// through the time floor.
 	FenceTTL time.Duration
 	Logger   hclog.Logger
+	// WaitReplicas, when above 0, makes a grant wait for that many
+	// replicas to have it (Redis's WAIT, on the grant's connection) for
+	// WaitTimeout at most; a grant fewer have is released, and the
+	// acquire fails as unavailable. A failover then cannot lose a grant
+	// that was handed out, short of losing the replicas too. Not with
+	// Cluster, where WAIT would not reach the grant's primary.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Backend stores locks in Redis. Create it with Open.
@@ -50,6 +58,9 @@ type Backend struct {
 	w        *watches
 	batch    *batcher      // outside Cluster
 	nodes    *nodeBatchers // on Cluster
+	// waitReplicas and waitTimeout: see Options.
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -67,8 +78,13 @@ func Open(ctx context.Context, o Options) (*Backend, error) {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger}
+	b := &Backend{c: o.Client, prefix: o.KeyPrefix, fenceTTL: o.FenceTTL, log: o.Logger,
+		waitReplicas: o.WaitReplicas, waitTimeout: o.WaitTimeout}
 	if cc, ok := o.Client.(*goredis.ClusterClient); ok {
+		if o.WaitReplicas > 0 {
+			o.Client.Close()
+			return nil, errors.New("redis: waiting for replicas is not supported with Redis Cluster")
+		}
 		b.nodes = &nodeBatchers{c: cc, nodes: map[string]*nodeBatcher{}}
 	} else {
 		b.batch = &batcher{c: o.Client}
@@ -192,8 +208,16 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		defer cancel()
 	}
 	k := b.keys(req.Name)
-	res, err := b.batcher(ctx, k.x).run(ctx, acquireScript, []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
-		req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket).Slice()
+	keys := []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c}
+	args := []any{req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket}
+	var res []any
+	var err error
+	replicas := int64(-1) // not asked
+	if b.waitReplicas > 0 {
+		res, replicas, err = b.acquireReplicated(ctx, keys, args)
+	} else {
+		res, err = b.batcher(ctx, k.x).run(ctx, acquireScript, keys, args...).Slice()
+	}
 	if err == nil && len(res) < 2 {
 		err = fmt.Errorf("acquire: a reply of %d values", len(res))
 	}
@@ -203,6 +227,16 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	code, _ := res[0].(int64)
 	switch code {
 	case 1:
+		if replicas >= 0 && replicas < int64(b.waitReplicas) {
+			// Not replicated in time: a failover could lose it. It is
+			// given back, and the agent releases it again should this
+			// release fail.
+			if err := b.Release(ctx, backend.Lease{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}); err != nil {
+				b.log.Debug("releasing a grant not replicated in time", "name", req.Name, "error", err)
+			}
+			return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w: the grant reached %d of %d replicas within %s",
+				req.Name, backend.ErrUnavailable, replicas, b.waitReplicas, b.waitTimeout)
+		}
 		tok, _ := res[1].(int64)
 		return backend.Grant{Token: uint64(tok)}, nil
 	case 0:
@@ -214,6 +248,39 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		key, _ := res[1].(string)
 		return backend.Grant{}, fmt.Errorf("acquire %q: %w: %s", req.Name, backend.ErrForeignKey, key)
 	}
+}
+
+// acquireReplicated runs the acquire script and WAIT in one pipeline, on
+// one connection (WAIT counts the replicas that have this connection's
+// writes), and returns the script's reply and the replicas WAIT counted.
+// The script goes by digest, and by source after a NOSCRIPT. A grant
+// waits for the replicas apart from the batches of the other requests,
+// which would otherwise wait with it.
+func (b *Backend) acquireReplicated(ctx context.Context, keys []string, args []any) ([]any, int64, error) {
+	var cmd *goredis.Cmd
+	var wait *goredis.Cmd
+	for _, bySource := range []bool{false, true} {
+		p := b.c.Pipeline()
+		if bySource {
+			cmd = acquireScript.Eval(ctx, p, keys, args...)
+		} else {
+			cmd = acquireScript.EvalSha(ctx, p, keys, args...)
+		}
+		wait = p.Do(ctx, "WAIT", b.waitReplicas, b.waitTimeout.Milliseconds())
+		p.Exec(ctx) // each command carries its own error
+		if !goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			break
+		}
+	}
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := wait.Int64()
+	if err != nil {
+		return res, 0, nil // unknown: counted as none
+	}
+	return res, n, nil
 }
 
 // batcher returns the batcher for a name whose holder key is x: on

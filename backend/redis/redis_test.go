@@ -3,9 +3,11 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -355,6 +357,63 @@ func TestOutOfMemory(t *testing.T) {
 	require.NoError(t, b.Release(ctx, s))
 	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "0").Err())
 	grant(t, b, "new", "ln", backend.Exclusive)
+}
+
+// TestWaitForReplicas (redis.md section 3.9 and section 7, case 21): with
+// WaitReplicas, a grant is handed out only once a replica has it; while
+// the replica lags (stopped), the grant is given back and the acquire
+// fails as unavailable, where without WaitReplicas it is handed out
+// though a failover then would lose it.
+func TestWaitForReplicas(t *testing.T) {
+	primary := redistest.Start(t, redistest.Options{Args: []string{"--repl-diskless-sync-delay", "0"}})
+	host, port, err := net.SplitHostPort(primary.Addr())
+	require.NoError(t, err)
+	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", host, port}})
+	ctx := context.Background()
+	rc, rr := primary.Client(t), replica.Client(t)
+	require.Eventually(t, func() bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	}, 10*time.Second, 10*time.Millisecond, "the replica follows the primary")
+
+	waiting, err := redis.Open(ctx, redis.Options{Client: newClient(primary.Addr()), KeyPrefix: "w",
+		WaitReplicas: 1, WaitTimeout: time.Second})
+	require.NoError(t, err)
+	defer waiting.Close()
+	plain := open(t, newClient(primary.Addr()), "w")
+	defer plain.Close()
+	acquire := func(b backend.Backend, name string) error {
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "l" + name, Mode: backend.Exclusive, TTL: 10 * time.Second})
+		return err
+	}
+	onReplica := func(name string) string { return rr.HGet(ctx, "w:lk:{"+name+"}", "o").Val() }
+
+	require.NoError(t, acquire(waiting, "a"))
+	assert.Equal(t, "la", onReplica("a"), "handed out once the replica has it")
+	require.NoError(t, rc.ScriptFlush(ctx).Err())
+	require.NoError(t, acquire(waiting, "a2"), "a server without the script gets its source")
+	assert.Equal(t, "la2", onReplica("a2"))
+
+	require.NoError(t, syscall.Kill(replica.PID(), syscall.SIGSTOP))
+	resumed := false
+	defer func() {
+		if !resumed {
+			syscall.Kill(replica.PID(), syscall.SIGCONT)
+		}
+	}()
+	start := time.Now()
+	err = acquire(waiting, "b")
+	require.ErrorIs(t, err, backend.ErrUnavailable)
+	require.ErrorContains(t, err, "reached 0 of 1 replicas")
+	assert.Less(t, time.Since(start), 3*time.Second, "bounded by the wait's timeout")
+	assert.Zero(t, rc.Exists(ctx, "w:lk:{b}").Val(), "the grant was given back")
+	require.NoError(t, acquire(plain, "c"), "without waiting, the grant is handed out")
+	assert.Equal(t, "lc", rc.HGet(ctx, "w:lk:{c}", "o").Val())
+
+	require.NoError(t, syscall.Kill(replica.PID(), syscall.SIGCONT))
+	resumed = true
+	require.NoError(t, acquire(waiting, "b"), "once the replica follows again")
+	assert.Equal(t, "lb", onReplica("b"))
 }
 
 // TestClusterConformance: the suite passes on a three-primary Cluster,

@@ -62,7 +62,8 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b, err := redis.Open(ctx, redis.Options{Client: goredis.NewUniversalClient(opts), KeyPrefix: rc.KeyPrefix, Logger: log})
+	b, err := redis.Open(ctx, redis.Options{Client: goredis.NewUniversalClient(opts), KeyPrefix: rc.KeyPrefix, Logger: log,
+		WaitReplicas: rc.WaitReplicas, WaitTimeout: rc.WaitTimeout})
 	if err != nil {
 		return nil, err
 	}

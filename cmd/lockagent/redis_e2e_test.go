@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/socketapi"
 )
 
 // TestA1_AcrossAgents: an app on one agent holds a lock and drops; a
@@ -80,6 +82,24 @@ func TestA1_AcrossAgents(t *testing.T) {
 	allIn := time.Since(killed)
 	assert.Less(t, allIn, releaseBound, "all granted soon after the kill")
 	t.Logf("A1 across agents, kill -9: the %d waiters on the other agent had their locks %v after the kill", len(names), allIn)
+}
+
+// TestWaitReplicasConfig: backend "redis" { wait_replicas } reaches the
+// backend: on a server without replicas, an acquire fails as unavailable,
+// saying why, and leaves the name free.
+func TestWaitReplicasConfig(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	a := opsAgent(t, fmt.Sprintf("  addresses = [%q]\n  wait_replicas = 1\n  wait_timeout = \"20ms\"", srv.Addr()))
+	c := a.client(t, "wait")
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	err := c.Call(ctx, "acquire", map[string]any{"name": "w/1"}, nil)
+	var se *socketapi.Error
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, "backend_unavailable", se.Code)
+	assert.Contains(t, se.Message, "reached 0 of 1 replicas")
+	assert.Zero(t, srv.Client(t).Exists(ctx, lockKey("w/1")).Val(), "the grant was given back")
 }
 
 // TestWaiterAfterItsSubscriptionDied (redis.md section 7, case 23): the

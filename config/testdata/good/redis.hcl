@@ -18,6 +18,8 @@ backend "redis" {
   password_file = "/etc/lockagent/redis.password" # never a password inline
   db            = 2
   key_prefix    = "locks"
+  wait_replicas = 1       # a grant is handed out once a replica has it
+  wait_timeout  = "250ms"
 
   tls {
     ca_file   = "/etc/lockagent/ca.pem"
