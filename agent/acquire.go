@@ -229,12 +229,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	w.attached = s.detaches
-	// An acquire being given up that this one replaces (see superseded)
-	// does not count against the limits.
-	replaces := 0
-	if o := s.pending[req.Name]; o != nil && o.superseded() {
-		replaces = 1
-	}
+	busy, replaces := s.pendingFor(req.Name)
 	switch {
 	case a.closing:
 		return nil, ErrShuttingDown
@@ -244,7 +239,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, context.Canceled
 	case s.leases[req.Name] != nil:
 		return nil, &AlreadyHeldError{Lease: s.leases[req.Name].public()}
-	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():
+	case busy:
 		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.campaigns[req.Name] != nil:
 		return nil, invalidArg("the session campaigns for %q: resign first", req.Name)
@@ -391,6 +386,22 @@ func (w *waiter) superseded() bool {
 		return w.s.campaigns[w.req.Name] != w.camp
 	}
 	return w.attached != w.s.detaches
+}
+
+// pendingFor tells whether an acquire of name is in progress in the
+// session (busy), and whether one being given up is there (see
+// superseded), whose place a new acquire or campaign of name takes: it
+// counts against the limits no more (replaces is 1, else 0). a.mu is
+// held.
+func (s *Session) pendingFor(name string) (busy bool, replaces int) {
+	o := s.pending[name]
+	switch {
+	case o == nil:
+		return false, 0
+	case o.superseded():
+		return false, 1
+	}
+	return true, 0
 }
 
 // errWaitOver: an attempt was cut short by the end of its wait.

@@ -78,12 +78,7 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// An acquire being given up that this campaign replaces (see
-	// superseded) does not count against the limits.
-	replaces := 0
-	if o := s.pending[req.Name]; o != nil && o.superseded() {
-		replaces = 1
-	}
+	busy, replaces := s.pendingFor(req.Name)
 	switch {
 	case a.closing:
 		return "", ErrShuttingDown
@@ -95,7 +90,7 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		return "", invalidArg("the session already campaigns for %q", req.Name)
 	case s.leases[req.Name] != nil:
 		return "", &AlreadyHeldError{Lease: s.leases[req.Name].public()}
-	case s.pending[req.Name] != nil && !s.pending[req.Name].superseded():
+	case busy:
 		return "", invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case s.held()-replaces >= a.cfg.MaxLeasesPerSession:
 		return "", fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
