@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -1103,6 +1104,158 @@ func TestSentinel_Failover(t *testing.T) {
 	}
 	t.Logf("Sentinel failover: took %s; new acquires served %s after it (token %d > %d); leases %v; events %v",
 		msString(failedOver.Sub(start)), msString(serving), fresh.Token, opsMaxToken(before), outcome, lg.kinds())
+}
+
+// TestSentinel_FailoverAfterAcquire (redis.md section 7, case 21): the
+// primary dies right after a grant that its replica has not received, and
+// the sentinel promotes the replica. To make the grant miss the replica
+// for certain, the replica is paused and the primary fed junk until its
+// replication stream waits in the primary's own buffer (the kernel's are
+// full); the grant goes behind it, and dies with the primary. Without
+// wait_replicas the grant is handed out, and the new primary grants the
+// name again to an app on another agent: a double grant, which fencing
+// tokens order and which lasts until the first holder's next renewal
+// (measured). With wait_replicas = 1 the grant is given back and the
+// acquire fails: no double grant.
+func TestSentinel_FailoverAfterAcquire(t *testing.T) {
+	t.Parallel()
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait_replicas=%t", wait), func(t *testing.T) {
+			t.Parallel()
+			sentinelFailoverAfterAcquire(t, wait)
+		})
+	}
+}
+
+func sentinelFailoverAfterAcquire(t *testing.T, wait bool) {
+	const ttl = 6 * time.Second
+	sn := redistest.StartSentinel(t)
+	body := fmt.Sprintf("  addresses   = %s\n  master_name = %q", opsHCLList(sn.SentinelAddrs()), sn.MasterName())
+	if wait {
+		body += "\n  wait_replicas = 1\n  wait_timeout  = \"200ms\""
+	}
+	holder := opsAgent(t, body).client(t, "case21-holder")
+	hlog := recordEvents(holder)
+	other := opsAgent(t, body).client(t, "case21-other")
+	ctx := t.Context()
+
+	warm := mustAcquire(t, holder, "case21/warm", ttlArg(ttl))
+	opsRelease(t, holder, warm.Lease)
+
+	replica := sn.Replica()
+	replica.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			replica.Resume()
+		}
+	}()
+	old := sn.Primary()
+	bufferReplication(t, old.Client(t))
+
+	var held lease
+	err := holder.Call(ctx, "acquire", map[string]any{"name": "case21/x", "ttl_ms": ttl.Milliseconds()}, &held)
+	if wait {
+		var se *socketapi.Error
+		require.ErrorAs(t, err, &se, "a grant the replica does not have is given back")
+		assert.Equal(t, "backend_unavailable", se.Code)
+		assert.Contains(t, se.Message, "reached 0 of 1 replicas")
+	} else {
+		require.NoError(t, err)
+		require.True(t, held.Acquired, "without wait_replicas the grant is handed out at once")
+	}
+
+	// The app on the other agent waits for the name: queued behind the
+	// holder (without wait_replicas), and asking again until the new
+	// primary answers.
+	type grab struct {
+		l   lease
+		at  time.Time
+		err error
+	}
+	got := make(chan grab, 1)
+	go func() {
+		for {
+			var l lease
+			err := other.Call(ctx, "acquire", map[string]any{"name": "case21/x", "ttl_ms": ttl.Milliseconds(), "wait_ms": 30000}, &l)
+			var se *socketapi.Error
+			if errors.As(err, &se) && se.Code == "backend_unavailable" && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			got <- grab{l, time.Now(), err}
+			return
+		}
+	}()
+	if !wait {
+		rc := old.Client(t)
+		eventually(t, callTimeout, "the other app is queued", func() bool {
+			return rc.Exists(ctx, lockKey("case21/x")+":q").Val() == 1
+		})
+	}
+	old.Kill()
+	killed := time.Now()
+	replica.Resume()
+	resumed = true
+	sn.AwaitFailover(t)
+	failedOver := time.Now()
+	if wait {
+		// The new primary has no replica left: attach one, or every grant
+		// would be given back.
+		host, port, err := net.SplitHostPort(sn.Primary().Addr())
+		require.NoError(t, err)
+		require.NoError(t, sn.Primary().Client(t).ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err())
+		redistest.Start(t, redistest.Options{Args: []string{"--replicaof", host, port}})
+	}
+	g := receive(t, got, "the other app did not get case21/x on the new primary")
+	require.NoError(t, g.err)
+	require.True(t, g.l.Acquired)
+	next, granted := g.l, g.at
+	if wait {
+		require.Empty(t, held.Lease)
+		t.Logf("case 21 with wait_replicas=1: the grant the replica missed was given back (backend_unavailable); "+
+			"failover %s after the kill; the other app got the name %s after the kill (token %d): no double grant",
+			msString(failedOver.Sub(killed)), msString(granted.Sub(killed)), next.Token)
+		return
+	}
+
+	// Two grants of one name. Tokens order them: the new primary lost the
+	// counter with the grant, and starts again from its clock.
+	assert.Greater(t, next.Token, held.Token, "the second grant's token is higher")
+	ev := hlog.waitLost(t, held.Lease, ttl)
+	assert.Contains(t, []string{"expired", "taken_over"}, ev.Reason, "the new primary has no such lease, or another's")
+	assert.LessOrEqual(t, ev.at.Sub(failedOver), renewMax(ttl)+time.Second,
+		"the holder learns of the loss at its next renewal on the new primary")
+	overlap := max(ev.at.Sub(granted), 0)
+	info := inspect(t, other, "case21/x")
+	require.Len(t, info.Holders, 1)
+	assert.Equal(t, next.Token, info.Holders[0].Token)
+	t.Logf("case 21 without wait_replicas: the grant (token %d) died with the primary; failover %s after the kill; "+
+		"the other app got the name %s after the kill (token %d); double grant: %t, for %s, until the holder's renewal told it (lost: %s)",
+		held.Token, msString(failedOver.Sub(killed)), msString(granted.Sub(killed)), next.Token, overlap > 0, msString(overlap), ev.Reason)
+}
+
+// bufferReplication writes junk to a primary whose replica is paused until
+// at least 1 MiB of the replication stream waits in the primary's output
+// buffer: the kernel's socket buffers are full, and whatever the primary
+// writes next reaches the replica only after that MiB.
+func bufferReplication(t *testing.T, rc *goredis.Client) {
+	t.Helper()
+	ctx := t.Context()
+	junk := strings.Repeat("j", 1<<20)
+	for i := 0; ; i++ {
+		require.Less(t, i, 256, "the replication stream never waited in the primary's buffer")
+		require.NoError(t, rc.Set(ctx, fmt.Sprintf("junk/%d", i), junk, 0).Err())
+		list, err := rc.Do(ctx, "CLIENT", "LIST", "TYPE", "replica").Text()
+		require.NoError(t, err)
+		for _, field := range strings.Fields(list) {
+			if n, ok := strings.CutPrefix(field, "omem="); ok {
+				if b, err := strconv.Atoi(n); err == nil && b >= 1<<20 {
+					return
+				}
+			}
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -164,14 +164,27 @@ func (sn *Sentinel) Replica() *Server {
 // former primary to finish resyncing as a replica.
 func (sn *Sentinel) Failover(tb testing.TB) {
 	tb.Helper()
+	sc := sn.sentinelClient()
+	defer sc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
+	defer cancel()
+	if err := sc.Failover(ctx, masterName).Err(); err != nil {
+		tb.Fatalf("redistest: SENTINEL FAILOVER %s: %v", masterName, err)
+	}
+	sn.AwaitFailover(tb)
+}
+
+// AwaitFailover waits until the sentinel reports the replica as master and
+// that server says role:master, as after Failover or once the primary has
+// been down (killed, or paused) for down-after-milliseconds; then Primary
+// and Replica swap.
+func (sn *Sentinel) AwaitFailover(tb testing.TB) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
 	defer cancel()
 	next := sn.Replica()
 	sc := sn.sentinelClient()
 	defer sc.Close()
-	if err := sc.Failover(ctx, masterName).Err(); err != nil {
-		tb.Fatalf("redistest: SENTINEL FAILOVER %s: %v", masterName, err)
-	}
 	waitFor(ctx, tb, "sentinel to report "+next.Addr()+" as master", func() error {
 		if err := reportsMaster(ctx, sc, next.Addr()); err != nil {
 			return err
