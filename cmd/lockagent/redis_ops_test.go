@@ -709,6 +709,73 @@ func TestB10_EvictionPolicy(t *testing.T) {
 		"expired", msString(soloAfter), msString(g.at.Sub(evicted)), ev.Reason, msString(lostAfter), msString(ev.at.Sub(g.at)), old.Token, g.l.Token)
 }
 
+// TestB10_RealEviction: Redis itself evicts a held lease's keys. Under
+// volatile-lru with maxmemory reached, lock keys (they carry TTLs) go
+// first, the fence key with them, while the junk that filled the memory
+// (no TTL) stays. The holder is told at its next renewal, and the next
+// grant's token is still higher than the evicted one's: without the fence
+// key, tokens continue from the server's clock.
+func TestB10_RealEviction(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	f := startFleet(t, 2, redistest.Options{Args: []string{"--maxmemory-policy", "volatile-lru"}}, "")
+	rc := f.redis.Client(t)
+	ctx := t.Context()
+	holder := f.agents[0].client(t, "b10r-holder")
+	hlog := recordEvents(holder)
+	other := f.agents[1].client(t, "b10r-other")
+
+	held := mustAcquire(t, holder, "b10r/x", ttlArg(ttl))
+	keys := []string{lockKey(held.Name), lockKey(held.Name) + ":f"}
+	require.EqualValues(t, 2, rc.Exists(ctx, keys...).Val(), "the lock and its fence key")
+	info, err := rc.Info(ctx, "memory").Result()
+	require.NoError(t, err)
+	used := infoField(t, info, "used_memory")
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", strconv.Itoa(used+(4<<20))).Err())
+	t.Cleanup(func() { rc.ConfigSet(context.Background(), "maxmemory", "0") })
+
+	junk := strings.Repeat("j", 64<<10)
+	filled := time.Now()
+	for i := 0; rc.Exists(ctx, keys...).Val() > 0; i++ {
+		require.Less(t, i, 1000, "Redis never evicted the lock keys")
+		// A write evicts volatile keys first, and fails as OOM only once
+		// it has evicted them all (but it may still be evicting).
+		if err := rc.Set(ctx, fmt.Sprintf("junk/%d", i), junk, 0).Err(); err != nil {
+			require.ErrorContains(t, err, "OOM")
+		}
+	}
+	evicted := time.Now()
+	stats, err := rc.Info(ctx, "stats").Result()
+	require.NoError(t, err)
+	assert.Positive(t, infoField(t, stats, "evicted_keys"))
+
+	ev := hlog.waitLost(t, held.Lease, ttl)
+	assert.Equal(t, "expired", ev.Reason)
+	assert.LessOrEqual(t, ev.at.Sub(evicted), renewMax(ttl)+500*time.Millisecond, "lost at the next renewal")
+
+	// With room again, the name is free and its tokens go on increasing.
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "0").Err())
+	next := mustAcquire(t, other, held.Name, ttlArg(ttl))
+	assert.Greater(t, next.Token, held.Token, "tokens increase though the fence key was evicted")
+	t.Logf("B10 real eviction (volatile-lru): Redis evicted the lock and fence keys %s into the filling; "+
+		"the holder was told (%s) %s after; the next grant's token %d > %d",
+		msString(evicted.Sub(filled)), ev.Reason, msString(ev.at.Sub(evicted)), next.Token, held.Token)
+}
+
+// infoField returns the integer field of an INFO section.
+func infoField(t *testing.T, info, field string) int {
+	t.Helper()
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, field)
+			return n
+		}
+	}
+	t.Fatalf("INFO has no %s:\n%s", field, info)
+	return 0
+}
+
 // ---------------------------------------------------------------------------
 // C1, C2: the agent SIGSTOPped.
 
