@@ -36,6 +36,7 @@ type faulty struct {
 	failPrefix   atomic.Value // string: renewals of names with it fail
 	releaseDelay atomic.Int64 // a release is sent this late, unless its context ends first
 	failRelease  atomic.Bool  // releases fail with ErrUnavailable
+	lateAnswer   atomic.Bool  // a renewal is answered only when its context ends (see Renew)
 
 	mu       sync.Mutex
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
@@ -43,6 +44,21 @@ type faulty struct {
 
 func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	f.renewCalls.Add(1)
+	if f.lateAnswer.Load() {
+		// The answer comes when the agent stops waiting for it: it failed
+		// if the agent waited a sixth of the TTL; if it waited less, the
+		// wait was cut at a lease's local deadline, and the renewals are
+		// applied, but answered right at that deadline.
+		sent := time.Now()
+		<-ctx.Done()
+		errs := make([]error, len(reqs))
+		if time.Since(sent) >= reqs[0].TTL/6 {
+			for i := range errs {
+				errs[i] = backend.ErrUnavailable
+			}
+		}
+		return errs
+	}
 	if f.failRenew.Load() {
 		f.mu.Lock()
 		f.failedAt = append(f.failedAt, time.Now())
@@ -205,6 +221,36 @@ func TestLostAtLocalDeadline(t *testing.T) {
 
 		_, err := s.Check(context.Background(), l.ID)
 		assert.ErrorIs(t, err, agent.ErrNotHeld, "after lost the lease id is dead")
+	})
+}
+
+// TestRenewalAnsweredAtTheDeadline: a renewal tried again close to the
+// lease's local deadline is applied by the backend, but its answer comes
+// only at that deadline. Too late to count: the lease is lost then, as
+// unavailable, whether the answer or the scheduler's deadline is handled
+// first.
+func TestRenewalAnsweredAtTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, c := openSession(t, a)
+		const ttl = 3 * time.Second
+		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
+		granted := time.Now()
+		f.lateAnswer.Store(true)
+		time.Sleep(2 * ttl)
+
+		evs := c.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, "degraded", evs[0].State)
+		lost := evs[1]
+		assert.Equal(t, agent.EventLost, lost.Kind)
+		assert.Equal(t, agent.ReasonBackendUnavailable, lost.Reason, "the answer came too late")
+		margin := ttl/100 + 2*time.Millisecond + 50*time.Millisecond
+		assert.Equal(t, granted.Add(ttl-margin), lost.at, "lost at the local deadline, not extended")
+		_, err := s.Check(context.Background(), l.ID)
+		assert.ErrorIs(t, err, agent.ErrNotHeld)
+		assert.GreaterOrEqual(t, f.renewCalls.Load(), int64(2), "a renewal failed, and one was tried again")
 	})
 }
 

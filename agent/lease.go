@@ -382,13 +382,18 @@ func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 		err := errs[i]
 		switch {
 		case !now.Before(l.validUntil):
-			// The answer came after the local deadline: the lease was
-			// already given up, whatever the backend says.
-			reason := ReasonExpired
-			if err != nil && !errors.Is(err, backend.ErrNotHeld) {
-				reason = ReasonBackendUnavailable
+			// The answer came at or after the local deadline: the lease was
+			// already given up, whatever the backend says. Unless the
+			// backend says why, it was too slow: the reason the scheduler
+			// gives a lease whose renewal is unanswered at its deadline.
+			switch {
+			case errors.Is(err, backend.ErrTakenOver):
+				a.lose(l, ReasonTakenOver)
+			case errors.Is(err, backend.ErrNotHeld):
+				a.lose(l, ReasonExpired)
+			default:
+				a.lose(l, ReasonBackendUnavailable)
 			}
-			a.lose(l, reason)
 			continue
 		case err == nil:
 			l.validUntil = sent.Add(l.ttl - a.margin(l.ttl))
