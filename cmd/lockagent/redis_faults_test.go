@@ -590,18 +590,13 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	require.True(t, reg.Write(old.Token), "the holder's first write")
 
 	waiter := b.client(t, "b1-waiter")
-	type grant struct {
-		l   lease
-		at  time.Time
-		err error
-	}
-	got := make(chan grant, 1)
+	got := make(chan grab, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		var l lease
 		err := waiter.Call(ctx, "acquire", map[string]any{"name": name, "wait_ms": 10000, "ttl_ms": ttl.Milliseconds()}, &l)
-		got <- grant{l, time.Now(), err}
+		got <- grab{l, time.Now(), err}
 	}()
 	b.waitQueued(t, 1)
 
@@ -611,7 +606,7 @@ func TestB1_BlackholeLongerThanTTL(t *testing.T) {
 	a.proxy.Blackhole()
 	t0 := time.Now()
 	lost := hEv.waitLost(t, old.Lease, ttl+2*time.Second)
-	var g grant
+	var g grab
 	select {
 	case g = <-got:
 	case <-time.After(ttl + 5*time.Second):

@@ -124,6 +124,13 @@ type checkResult struct {
 	ExpiresInMs int64  `json:"expires_in_ms"`
 }
 
+// grab is an acquire's outcome, and when it came.
+type grab struct {
+	l   lease
+	at  time.Time
+	err error
+}
+
 // recordedEvent is an event with the time it reached the test.
 type recordedEvent struct {
 	at time.Time

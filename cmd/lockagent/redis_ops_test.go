@@ -662,11 +662,6 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	// the lock at once; the old holder's next renewal finds the other lease
 	// and never takes the key back.
 	old := mustAcquire(t, holder, "b10/x", ttlArg(ttl))
-	type grab struct {
-		l   lease
-		at  time.Time
-		err error
-	}
 	got := make(chan grab, 1)
 	var denied atomic.Int32
 	go func() {
@@ -1235,11 +1230,6 @@ func sentinelFailoverAfterAcquire(t *testing.T, wait bool) {
 	// The app on the other agent waits for the name: queued behind the
 	// holder (without wait_replicas), and asking again until the new
 	// primary answers.
-	type grab struct {
-		l   lease
-		at  time.Time
-		err error
-	}
 	got := make(chan grab, 1)
 	go func() {
 		for {
