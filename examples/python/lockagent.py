@@ -40,6 +40,10 @@ refused. Each lease tells it in three ways:
   asyncio);
 - callback: ``lease.add_lost_callback(fn)``, called with the lease.
 
+A lease whose ``release()`` raised because the connection broke before the
+answer is not reported lost if the resumed session no longer has it: it
+ends as released (a campaign whose ``resign()`` did so, as resigned).
+
 A lost lease may still be in use by a process that has not looked yet (a
 pause, a slow disk). Pass ``lease.token``, the fencing token, to whatever
 the lock protects, and have it refuse tokens smaller than the largest it
@@ -274,7 +278,11 @@ class InvalidName(ProtocolError):
 
 
 class InvalidArgument(ProtocolError):
-    """``invalid_argument``: an argument of the wrong type or out of bounds."""
+    """``invalid_argument``: an argument of the wrong type or out of bounds.
+
+    The client raises it too, without sending the request, for an argument
+    that JSON cannot carry: NaN, infinity, a string with a lone surrogate.
+    """
 
 
 class NotHeld(ProtocolError):
@@ -495,6 +503,7 @@ class Lease(_LeaseBase):
         """Release the lease. Returns False if it had already ended."""
         if self._ended:
             return False
+        self._client._releasing(self.id)
         try:
             self._client._call("release", {"lease": self.id}, arg=self.id)
         except NotHeld:
@@ -559,6 +568,7 @@ class AsyncLease(_LeaseBase):
         """Release the lease. Returns False if it had already ended."""
         if self._ended:
             return False
+        self._client._releasing(self.id)
         try:
             await self._client._call("release", {"lease": self.id}, arg=self.id)
         except NotHeld:
@@ -710,13 +720,17 @@ class Campaign(_CampaignBase):
     def resign(self):
         """Stop contending, and release the leadership lease if held.
 
-        Returns False if the campaign had already ended.
+        Returns False if the campaign had already ended (in the agent too:
+        it is marked ended then, and ``wait_elected`` raises CampaignEnded).
         """
         if self.ended:
             return False
+        self._client._releasing(self.id)
         try:
             self._client._call("resign", {"campaign": self.id}, arg=self.id)
         except NotHeld:
+            # Resigned meanwhile, by a call whose answer was lost: it has ended.
+            self._client._resigned(self.id)
             return False
         return True
 
@@ -766,13 +780,17 @@ class AsyncCampaign(_CampaignBase):
     async def resign(self):
         """Stop contending, and release the leadership lease if held.
 
-        Returns False if the campaign had already ended.
+        Returns False if the campaign had already ended (in the agent too:
+        it is marked ended then, and ``wait_elected`` raises CampaignEnded).
         """
         if self.ended:
             return False
+        self._client._releasing(self.id)
         try:
             await self._client._call("resign", {"campaign": self.id}, arg=self.id)
         except NotHeld:
+            # Resigned meanwhile, by a call whose answer was lost: it has ended.
+            self._client._resigned(self.id)
             return False
         return True
 
@@ -808,6 +826,10 @@ class _Pending:
         self.campaign = None  # the campaign started by a campaign request
         self.abandoned = False
         self.done = None  # a threading.Event or an asyncio.Future
+
+
+# The ops whose answer the client takes in even when nobody waits for it.
+_TAKEN_IN = frozenset(("acquire", "campaign", "release", "resign", "bye"))
 
 
 class _Core:
@@ -848,6 +870,10 @@ class _Core:
         self._mu = threading.Lock()
         self._leases = {}
         self._campaigns = {}
+        # The leases being released and the campaigns being resigned: their
+        # ids, until the answer is read or a resume finds out what became of
+        # them (the answer went down with the connection).
+        self._ending = set()
         self._ids = itertools.count(1)
         self._closed = False
         self._close_called = False
@@ -908,8 +934,13 @@ class _Core:
         return args
 
     def _line(self, msg):
-        """``msg`` as a request line; too long for the agent: LineTooLong, unsent."""
-        data = _encode(msg)
+        """``msg`` as a request line; too long for the agent: LineTooLong, unsent;
+        not JSON (NaN, infinity, a lone surrogate): InvalidArgument, unsent."""
+        try:
+            data = _encode(msg)
+        except ValueError as e:  # UnicodeEncodeError is one
+            raise InvalidArgument("invalid_argument", "the %s request cannot be sent as JSON: %s"
+                                  % (msg.get("op"), e)) from e
         limit = (self.agent or {}).get("max_line_bytes")
         if limit and len(data) - 1 > limit:
             raise LineTooLong("line_too_long", "the %s request is %d bytes; the agent reads at "
@@ -935,6 +966,28 @@ class _Core:
                 exc.lease = self._leases.get(lease_id)
         return exc
 
+    def _close_cause(self, msg):
+        """The error of an answer to no request (``"id": null``), else None.
+
+        Kept as the connection's ``cause`` while it is the last line read:
+        the agent says why it refuses a connection (``limit_exceeded``) or
+        closes one (``line_too_long``) with such an answer, then closes it.
+        """
+        if "id" in msg and msg["id"] is None and not msg.get("ok"):
+            return self._error(msg)
+        return None
+
+    def _open_failed(self, conn, e):
+        """The error to raise for a connection that ended as it opened, with
+        ``e``: the agent's reason if it gave one, else a public ``e``."""
+        if conn.cause is not None:
+            return conn.cause
+        if isinstance(e, _NotSent):
+            err = AgentConnectionError(str(e))
+            err.__cause__ = e.__cause__
+            return err
+        return e
+
     def _on_response(self, pending, msg):
         """Take an answer in. Returns a request to send (a release) or None.
 
@@ -944,6 +997,9 @@ class _Core:
         ok = bool(msg.get("ok"))
         granted = pending.op == "acquire" and ok and msg.get("acquired")
         started = pending.op == "campaign" and ok and msg.get("campaign")
+        if pending.op in ("release", "resign"):
+            with self._mu:
+                self._ending.discard(pending.arg)
         if pending.abandoned:
             # Nobody waits for this grant any more: give it back. A
             # release, resign or bye given up on was carried out all the
@@ -961,13 +1017,7 @@ class _Core:
                 self._campaigns[campaign.id] = campaign
             pending.campaign = campaign
         elif pending.op == "resign" and ok:
-            with self._mu:
-                campaign = self._campaigns.pop(pending.arg, None)
-            if campaign is not None:
-                lease = campaign.leader
-                if lease is not None:
-                    self._end_leases(lambda known: known is lease, None)
-                campaign._end(RESIGNED)
+            self._resigned(pending.arg)
         elif granted:
             lease = self._lease_class(self, msg, pending.meta)
             with self._mu:
@@ -981,15 +1031,18 @@ class _Core:
             self._end_campaigns(lambda campaign: True, RESIGNED)
         return None
 
-    def _abandoned(self, pending):
+    def _abandoned(self, conn, pending):
         """A request to send for a request whose caller gave up, or None.
 
         Marks an unanswered request abandoned (its grant, if one comes, is
-        released on arrival) and cancels it if it waits; gives back a lease
-        granted to a caller that stopped waiting just as it came.
+        released on arrival) and cancels it if it waits; forgets one whose
+        answer would change nothing; gives back a lease granted to a caller
+        that stopped waiting just as it came.
         """
         if pending.response is None:
             pending.abandoned = True
+            if pending.op not in _TAKEN_IN:
+                conn.pending.pop(pending.key, None)
             return {"op": "cancel", "target": pending.key} if pending.waits else None
         if pending.lease is not None:
             return {"op": "release", "lease": pending.lease.id}
@@ -1043,6 +1096,22 @@ class _Core:
         for lease in ended:
             lease._end(reason)
 
+    def _releasing(self, key):
+        """A release of the lease, or resign of the campaign, ``key`` is about
+        to be sent (see _ending)."""
+        with self._mu:
+            self._ending.add(key)
+
+    def _resigned(self, campaign_id):
+        """The campaign was resigned: it ends, and its term's lease is released."""
+        with self._mu:
+            campaign = self._campaigns.pop(campaign_id, None)
+        if campaign is not None:
+            lease = campaign.leader
+            if lease is not None:
+                self._end_leases(lambda known: known is lease, None)
+            campaign._end(RESIGNED)
+
     def _end_campaigns(self, which, reason):
         """End the campaigns for which ``which(campaign)`` is true."""
         with self._mu:
@@ -1088,10 +1157,44 @@ class _Core:
 
     def _forget(self, lease):
         """A resumed session no longer has ``lease``, and no event said why
-        (it was sent to the connection that broke): it is lost."""
-        self._end_leases(lambda known: known is lease, EXPIRED)
+        (it was sent to the connection that broke): it is lost, unless the
+        client was releasing it, or resigning its campaign: then it was
+        released, the answer lost with the connection."""
+        with self._mu:
+            released = lease.id in self._ending or any(
+                c.id in self._ending and c._leader is lease for c in self._campaigns.values())
+            self._ending.discard(lease.id)
+        self._end_leases(lambda known: known is lease, None if released else EXPIRED)
+
+    def _kept(self, lease):
+        """A resumed session still has ``lease``: a release of it was not carried out."""
+        with self._mu:
+            self._ending.discard(lease.id)
+
+    def _forget_campaigns(self, listing):
+        """End the session campaigns the client knows and the resumed session
+        (its ``list`` entry) no longer runs. Only a resign ends the campaign
+        of a live session: the client's own, whose answer went down with the
+        connection, or one sent by a connection that took the session over."""
+        for session in listing.get("sessions") or []:
+            if session.get("session") != self.session:
+                continue
+            running = {c.get("campaign") for c in session.get("campaigns") or []}
+            with self._mu:
+                known = list(self._campaigns.values())
+            for campaign in known:
+                if campaign.id not in running:
+                    lease = campaign.leader
+                    if lease is not None:  # its check could not tell: it is gone
+                        self._forget(lease)
+                    self._resigned(campaign.id)
+            with self._mu:
+                self._ending.difference_update(c.id for c in known)
+            return
 
     def _resume_refused(self):
+        with self._mu:
+            self._ending.clear()
         self._end_leases(lambda lease: True, SESSION_EXPIRED)
         self._end_campaigns(lambda campaign: True, SESSION_EXPIRED)
         self.session = self.resume_token = None
@@ -1109,7 +1212,9 @@ class _Core:
 
 
 def _encode(msg):
-    return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    """``msg`` as a line; ValueError if it is not JSON (NaN, a lone surrogate)."""
+    return (json.dumps(msg, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            .encode("utf-8") + b"\n")
 
 
 def _decode(line):
@@ -1141,6 +1246,7 @@ class _SyncConn:
         self.wmu = threading.Lock()
         self.pending = {}  # request id -> _Pending, guarded by the client's _answer_mu
         self.dead = False
+        self.cause = None  # see _Core._close_cause
         self.reader = None
 
     def send(self, data):
@@ -1159,7 +1265,9 @@ class Client(_Core):
     """A blocking client of the agent; safe to share between threads.
 
     It connects and says ``hello`` at once (raising
-    :class:`AgentConnectionError` if the agent cannot be reached), reads
+    :class:`AgentConnectionError` if the agent cannot be reached, or the
+    agent's error, such as :class:`LimitExceeded`, if it refuses the
+    connection), reads
     the agent's answers and events on a thread of its own, and reconnects
     when the connection breaks.
 
@@ -1381,15 +1489,22 @@ class Client(_Core):
                 for lease in self._session_leases():
                     try:
                         self._call_on(conn, "check", {"lease": lease.id})
+                        self._kept(lease)
                     except NotHeld:
                         self._forget(lease)
                     except ProtocolError:
                         pass  # the backend cannot say now: renewals will
-                for op, args in self._strays(self._call_on(conn, "list", {})):
+                listing = self._call_on(conn, "list", {})
+                self._forget_campaigns(listing)
+                for op, args in self._strays(listing):
                     try:
                         self._call_on(conn, op, args)
                     except ProtocolError:
                         pass
+        except AgentConnectionError as e:
+            conn.kill()
+            conn.reader.join(self.timeout or _END_WAIT)  # it reads the agent's reason, if any
+            raise self._open_failed(conn, e)
         except BaseException:
             conn.kill()
             raise
@@ -1403,6 +1518,7 @@ class Client(_Core):
                     msg = _decode(line)
                     if msg is None:
                         continue
+                    conn.cause = self._close_cause(msg)
                     if "event" in msg and "id" not in msg:
                         self._on_event(msg)
                     else:
@@ -1509,9 +1625,9 @@ class Client(_Core):
         while True:
             try:
                 return self._call_on(conn, op, args, arg, meta)
-            except _NotSent:
+            except _NotSent as e:
                 if not self.reconnect:
-                    raise
+                    raise AgentConnectionError(str(e)) from e.__cause__
             # The connection broke before the request could reach the agent:
             # send it on the next one.
             conn = self._connection(broken=conn)
@@ -1525,7 +1641,7 @@ class Client(_Core):
         pending.done = threading.Event()
         with self._answer_mu:
             if conn.dead:
-                raise _NotSent("the connection to the agent ended")
+                raise _NotSent("the connection to the agent ended") from conn.cause
             conn.pending[key] = pending
         try:
             conn.send(data)
@@ -1546,12 +1662,12 @@ class Client(_Core):
             raise AgentTimeout("the agent did not answer %s within %.1fs" % (op, timeout))
         if pending.response is None:
             raise AgentConnectionError("the connection to the agent ended before the answer "
-                                       "to %s" % op)
+                                       "to %s" % op) from conn.cause
         return self._result(pending)
 
     def _abandon(self, conn, pending):
         with self._answer_mu:
-            send = self._abandoned(pending)
+            send = self._abandoned(conn, pending)
         if send is not None:
             self._send_quiet(conn, send)
 
@@ -1567,6 +1683,7 @@ class _AsyncConn:
         self.writer = writer
         self.pending = {}  # request id -> _Pending
         self.dead = False
+        self.cause = None  # see _Core._close_cause
         self.task = None
         self.drain_lock = asyncio.Lock()
 
@@ -1869,15 +1986,22 @@ class AsyncClient(_Core):
                 for lease in self._session_leases():
                     try:
                         await self._call_on(conn, "check", {"lease": lease.id})
+                        self._kept(lease)
                     except NotHeld:
                         self._forget(lease)
                     except ProtocolError:
                         pass  # the backend cannot say now: renewals will
-                for op, args in self._strays(await self._call_on(conn, "list", {})):
+                listing = await self._call_on(conn, "list", {})
+                self._forget_campaigns(listing)
+                for op, args in self._strays(listing):
                     try:
                         await self._call_on(conn, op, args)
                     except ProtocolError:
                         pass
+        except AgentConnectionError as e:
+            conn.kill()
+            await asyncio.wait([conn.task], timeout=self.timeout or _END_WAIT)  # the reason, if any
+            raise self._open_failed(conn, e)
         except BaseException:
             conn.kill()
             raise
@@ -1897,6 +2021,7 @@ class AsyncClient(_Core):
                     msg = _decode(bytes(buf[:end]))
                     del buf[:end + 1]
                     if msg is not None:
+                        conn.cause = self._close_cause(msg)
                         if "event" in msg and "id" not in msg:
                             self._on_event(msg)
                         else:
@@ -2020,16 +2145,16 @@ class AsyncClient(_Core):
         while True:
             try:
                 return await self._call_on(conn, op, args, arg, meta)
-            except _NotSent:
+            except _NotSent as e:
                 if not self.reconnect:
-                    raise
+                    raise AgentConnectionError(str(e)) from e.__cause__
             # The connection broke before the request could reach the agent:
             # send it on the next one.
             conn = await self._connection(broken=conn)
 
     async def _call_on(self, conn, op, args, arg=None, meta=None):
         if conn.dead or conn.writer.transport.is_closing():
-            raise _NotSent("the connection to the agent ended")
+            raise _NotSent("the connection to the agent ended") from conn.cause
         key = self._next_id()
         msg = {"id": key, "op": op}
         msg.update(args)
@@ -2052,10 +2177,10 @@ class AsyncClient(_Core):
             raise
         if pending.response is None:
             raise AgentConnectionError("the connection to the agent ended before the answer "
-                                       "to %s" % op)
+                                       "to %s" % op) from conn.cause
         return self._result(pending)
 
     def _abandon(self, conn, pending):
-        send = self._abandoned(pending)
+        send = self._abandoned(conn, pending)
         if send is not None and not conn.dead:
             self._send_quiet(conn, send)

@@ -3,7 +3,7 @@
 import unittest
 
 import lockagent
-from harness import AgentTestCase, break_connection
+from harness import AgentTestCase, break_connection, drop_answer_with_connection, wait_until
 from test_lockagent_async import AsyncAgentTestCase
 
 
@@ -85,6 +85,39 @@ class CampaignTest(AgentTestCase):
         self.assertTrue(c.resumed)
         self.assertFalse(campaign.ended)
         self.assertIs(campaign.wait_elected(0), lease)
+
+    def test_a_resign_whose_answer_was_lost_ends_the_campaign_on_resume(self):
+        c = self.client(session_ttl=5)
+        lost = []
+        campaign = c.campaign("leader/x", scope="session")
+        lease = campaign.wait_elected(5)
+        lease.add_lost_callback(lost.append)
+        drop_answer_with_connection(c, lambda msg: msg.get("resigned"))
+        with self.assertRaises(lockagent.AgentConnectionError):
+            campaign.resign()
+        wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")
+        self.assertEqual([s["campaigns"] for s in c.list_sessions()
+                          if s["session"] == c.session], [[]])
+        self.assertTrue(campaign.ended)
+        self.assertEqual(campaign.ended_reason, lockagent.RESIGNED)
+        self.assertFalse(campaign.resign())
+        with self.assertRaises(lockagent.CampaignEnded):
+            campaign.wait_elected()
+        self.assertFalse(lease.active)
+        self.assertFalse(lease.lost, "the client resigned it")
+        self.assertEqual(lost, [])
+
+    def test_resign_of_a_campaign_resigned_meanwhile_ends_it(self):
+        # The agent says not_held: the campaign ended, unbeknown to the client.
+        c = self.client()
+        campaign = c.campaign("leader/x")
+        campaign.wait_elected(5)
+        c.call("resign", campaign=campaign.id)
+        self.assertFalse(campaign.resign())
+        self.assertEqual(campaign.ended_reason, lockagent.RESIGNED)
+        with self.assertRaises(lockagent.CampaignEnded):
+            campaign.wait_elected(2)
+        self.assertIsNone(campaign.leader)
 
     def test_resign_of_an_unknown_campaign(self):
         with self.assertRaises(lockagent.NotHeld):

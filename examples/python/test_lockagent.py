@@ -441,10 +441,48 @@ class ErrorsTest(AgentTestCase):
         c.ping()
         self.assertTrue(c.connected)
 
+    def test_an_argument_json_cannot_carry_is_refused_unsent(self):
+        c = self.client(timeout=2)
+        for name, kwargs in (("n/1", {"shared": True, "limit": float("nan")}),
+                             ("n/1", {"shared": True, "limit": float("inf")}),
+                             ("a\ud800", {}), ("n/1", {"meta": "\udfff"})):
+            with self.subTest(name=name, kwargs=kwargs):
+                self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, name,
+                                **kwargs)
+                self.assertEqual(c._conn.pending, {})
+        c.ping()
+
+    def test_a_request_given_up_on_is_forgotten(self):
+        c = self.client(timeout=0.3)
+        on_answer = c._on_answer
+        c._on_answer = lambda conn, msg: None if "locked" in msg else on_answer(conn, msg)
+        with self.assertRaises(lockagent.AgentTimeout):
+            c.inspect("x")
+        self.assertEqual(c._conn.pending, {})
+        c._on_answer = on_answer
+        c.ping()
+
     def test_timeout_and_connection_errors_are_builtin_kinds(self):
         self.assertTrue(issubclass(lockagent.AgentTimeout, TimeoutError))
         self.assertTrue(issubclass(lockagent.AgentConnectionError, ConnectionError))
         self.assertTrue(issubclass(lockagent.NotAcquired, lockagent.LockagentError))
+
+
+class ConnectionLimitTest(AgentTestCase):
+    agent_config = "limits {\n  max_connections_per_uid = 1\n}"
+
+    def connect(self):
+        try:
+            return self.client()
+        except lockagent.LockagentError:
+            return None  # the harness's probe of the socket may still count
+
+    def test_a_refused_connection_says_why(self):
+        wait_until(self.connect, what="a first connection")
+        with self.assertRaises(lockagent.LimitExceeded) as cm:
+            lockagent.Client(self.agent.socket)
+        self.assertEqual(cm.exception.code, "limit_exceeded")
+        self.assertIn("too many connections", cm.exception.message)
 
 
 class PermissionTest(AgentTestCase):
@@ -525,6 +563,20 @@ class ReconnectTest(AgentTestCase):
                    "a live connection to be installed")
         self.assertTrue(lease.check().held)
         self.assertEqual(len(died), 1)
+
+    def test_a_release_whose_answer_was_lost_is_not_reported_lost(self):
+        c = self.client(session_ttl=30)
+        lease = c.acquire("r/rel", scope="session")
+        lost = []
+        lease.add_lost_callback(lost.append)
+        drop_answer_with_connection(c, lambda msg: msg.get("released"))
+        with self.assertRaises(lockagent.AgentConnectionError):
+            lease.release()
+        wait_until(lambda: c.connected and c.resumed, 10, "the client to resume")
+        wait_until(lambda: not lease.active, 10, "the lease to end")
+        self.assertFalse(lease.lost)
+        self.assertEqual(lost, [])
+        self.assertEqual(c.leases, [])
 
     def test_broken_connection_loses_connection_leases(self):
         c = self.client()

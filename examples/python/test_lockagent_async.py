@@ -160,6 +160,21 @@ class AsyncOpsTest(AsyncAgentTestCase):
         self.assertTrue(silent.closed)
 
 
+class AsyncConnectionLimitTest(AsyncAgentTestCase):
+    agent_config = "limits {\n  max_connections_per_uid = 1\n}"
+
+    async def test_a_refused_connection_says_why(self):
+        async def connected():
+            try:
+                return await self.client()
+            except lockagent.LockagentError:
+                return None  # the harness's probe of the socket may still count
+        await eventually(connected, what="a first connection")
+        with self.assertRaises(lockagent.LimitExceeded) as cm:
+            await lockagent.AsyncClient.connect(self.agent.socket)
+        self.assertIn("too many connections", cm.exception.message)
+
+
 class AsyncCloseWhileOpeningTest(AsyncAgentTestCase):
     @staticmethod
     def hold_open(c, stage):
