@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -347,7 +348,11 @@ func (c *conn) drain() {
 			c.spare = batch[:0]
 		}
 		if err != nil {
-			c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "blocked_for", c.srv.WriteTimeout)
+			} else {
+				c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
+			}
 			if !c.closed { // cut off meanwhile (enqueue)
 				c.closeSocket()
 			}

@@ -5,81 +5,114 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // lineWriter writes a connection's lines, one writer at a time (drain).
 //
 // Setting a write deadline updates a runtime timer, which cost more than
 // the write of an answer itself. About every line fits in the socket's
-// buffer, so a line is first offered to the kernel without waiting, and
-// only a line the kernel does not take whole gets the deadline, for its
-// rest. The deadline is cleared after such a write, so that a deadline
-// past never fails a later write: a write is cut off only once it has
-// been blocked for the whole timeout, as before.
+// buffer, so lines are first offered to the kernel without waiting, and
+// only what the kernel does not take at once waits, with the deadline.
+// The deadline is set anew after every write that makes progress, so that
+// a client that keeps reading gets a large answer however long it takes,
+// and is cut off only once a write has been blocked for the whole timeout.
+// It is cleared after, so that a deadline past never fails a later write.
 type lineWriter struct {
 	nc      *net.UnixConn
-	raw     syscall.RawConn // nc's; nil: every write is given the deadline
+	raw     syscall.RawConn // nc's; nil only if nc was closed: writes fail
 	timeout time.Duration
-	offer   func(fd uintptr) bool // w.offerLine, made once
+	offer   func(fd uintptr) bool // w.offerLines, made once
 
-	// The line being offered, and what the kernel took of it.
-	line []byte
-	n    int
-	err  error
+	// What is left of the lines being written, whether offerLines waits
+	// for the socket, and the outcome of its last system call.
+	lines [][]byte
+	wait  bool
+	n     int
+	err   error
+
+	one [1][]byte // write's lines, without an allocation
 }
 
 func newLineWriter(nc *net.UnixConn, raw syscall.RawConn, timeout time.Duration) *lineWriter {
 	w := &lineWriter{nc: nc, raw: raw, timeout: timeout}
-	w.offer = w.offerLine
+	w.offer = w.offerLines
 	return w
 }
 
 // write writes line whole, or fails.
 func (w *lineWriter) write(line []byte) error {
-	if w.raw != nil {
-		w.line = line
-		err := w.raw.Write(w.offer)
-		n, werr := w.n, w.err
-		w.line, w.n, w.err = nil, 0, nil
-		switch {
-		case err != nil:
-			return err // closed
-		case werr != nil && werr != syscall.EAGAIN:
-			return os.NewSyscallError("write", werr)
-		case n == len(line):
-			return nil
-		}
-		line = line[n:]
-	}
-	return w.waiting(func() error { _, err := w.nc.Write(line); return err })
+	w.one[0] = line
+	err := w.writeLines(w.one[:])
+	w.one[0] = nil
+	return err
 }
 
-// writeLines writes lines whole, or fails: they go in one system call
-// when they can, with the deadline.
+// writeLines writes lines whole, or fails; they go in one system call when
+// the socket takes them. It uses lines up: their elements are changed.
 func (w *lineWriter) writeLines(lines [][]byte) error {
-	return w.waiting(func() error {
-		bufs := net.Buffers(lines)
-		_, err := bufs.WriteTo(w.nc)
-		return err
-	})
-}
-
-// waiting runs write with the write deadline set, and clears it after.
-func (w *lineWriter) waiting(write func() error) error {
-	w.nc.SetWriteDeadline(time.Now().Add(w.timeout))
-	if err := write(); err != nil {
-		return err
+	if w.raw == nil {
+		return net.ErrClosed
 	}
-	w.nc.SetWriteDeadline(time.Time{})
+	w.lines = lines
+	defer func() { w.lines = nil }()
+	for {
+		if err := w.raw.Write(w.offer); err != nil {
+			return err // closed, or blocked for the whole timeout
+		}
+		if w.err != nil && w.err != syscall.EAGAIN {
+			return os.NewSyscallError("write", w.err)
+		}
+		w.lines = consume(w.lines, w.n)
+		if len(w.lines) == 0 {
+			break
+		}
+		// The kernel took what it could: wait for it to take the rest,
+		// for at most the timeout from now.
+		w.wait = true
+		w.nc.SetWriteDeadline(time.Now().Add(w.timeout))
+	}
+	if w.wait {
+		w.wait = false
+		w.nc.SetWriteDeadline(time.Time{})
+	}
 	return nil
 }
 
-// offerLine writes what the kernel takes of w.line now, without waiting.
-func (w *lineWriter) offerLine(fd uintptr) bool {
-	n, err := syscall.Write(int(fd), w.line)
-	for err == syscall.EINTR {
-		n, err = syscall.Write(int(fd), w.line)
+// offerLines writes what the kernel takes of w.lines now. Unless w.wait is
+// set, it never waits; if it is, it waits (returning false, for the poller
+// to call it again once the socket is writable) only while the kernel
+// takes nothing.
+func (w *lineWriter) offerLines(fd uintptr) bool {
+	var n int
+	var err error
+	for {
+		if len(w.lines) == 1 {
+			n, err = syscall.Write(int(fd), w.lines[0])
+		} else {
+			n, err = unix.Writev(int(fd), w.lines[:min(len(w.lines), maxIOV)])
+		}
+		if err != syscall.EINTR {
+			break
+		}
 	}
 	w.n, w.err = max(n, 0), err
-	return true
+	return !w.wait || err != syscall.EAGAIN
+}
+
+// maxIOV is the most buffers one writev takes (IOV_MAX on Linux).
+const maxIOV = 1024
+
+// consume drops the first n bytes of lines.
+func consume(lines [][]byte, n int) [][]byte {
+	for len(lines) > 0 && n >= len(lines[0]) {
+		n -= len(lines[0])
+		lines[0] = nil
+		lines = lines[1:]
+	}
+	if len(lines) > 0 {
+		lines[0] = lines[0][n:]
+	}
+	return lines
 }

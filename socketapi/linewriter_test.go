@@ -69,7 +69,7 @@ func TestLineWriterFull(t *testing.T) {
 	w, peer := testLineWriter(t, 5*time.Second)
 	filled := 0
 	for {
-		w.line = bytes.Repeat([]byte("y"), 64<<10)
+		w.lines = [][]byte{bytes.Repeat([]byte("y"), 64<<10)}
 		require.NoError(t, w.raw.Write(w.offer))
 		filled += w.n
 		if w.err == syscall.EAGAIN {
@@ -77,7 +77,7 @@ func TestLineWriterFull(t *testing.T) {
 		}
 		require.NoError(t, w.err)
 	}
-	w.line, w.n, w.err = nil, 0, nil
+	w.lines, w.n, w.err = nil, 0, nil
 	got := readAll(peer, filled+2)
 	require.NoError(t, w.write([]byte("a\n")))
 	b := <-got
@@ -94,6 +94,36 @@ func TestLineWriterTimeout(t *testing.T) {
 	err := w.write(bigLine())
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 	assert.GreaterOrEqual(t, time.Since(start), timeout)
+}
+
+// TestLineWriterSlowReader: a peer that keeps reading, slowly, gets lines
+// that take several timeouts to go: the timeout is on a write blocked
+// without progress, not on the whole line.
+func TestLineWriterSlowReader(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	w, peer := testLineWriter(t, timeout)
+	big := bigLine()
+	done := make(chan []byte, 1)
+	go func() {
+		var got []byte
+		buf := make([]byte, 64<<10)
+		for len(got) < 2*len(big) {
+			n, err := peer.Read(buf)
+			if err != nil {
+				break
+			}
+			got = append(got, buf[:n]...)
+			time.Sleep(50 * time.Millisecond) // a slow reader: 64 KiB at a time
+		}
+		done <- got
+	}()
+	start := time.Now()
+	require.NoError(t, w.write(big), "one line")
+	require.NoError(t, w.writeLines([][]byte{big[:len(big)/2], big[len(big)/2:]}), "lines in one call")
+	took := time.Since(start)
+	assert.Greater(t, took, 2*timeout, "the reader is slow: the lines took several timeouts")
+	assert.True(t, bytes.Equal(append(bytes.Clone(big), big...), <-done), "the lines arrive whole")
+	t.Logf("2 MiB to a reader of 64 KiB every 50ms: %s, with a %s timeout", took, timeout)
 }
 
 // TestLineWriterClearsDeadline: a line that needed the deadline leaves none

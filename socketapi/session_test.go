@@ -173,6 +173,32 @@ func TestA4_SlowReader(t *testing.T) {
 	}
 }
 
+// TestSlowReaderCutOffIsLogged: a client cut off because a write to it
+// stayed blocked for the timeout is logged as a slow consumer, like one
+// cut off by the output bound.
+func TestSlowReaderCutOffIsLogged(t *testing.T) {
+	logs := new(logBuffer)
+	ta := startAgent(t, withLogs(logs), func(o *options) {
+		o.server.MaxQueueBytes = 64 << 20 // the timeout comes first
+		o.server.WriteTimeout = 200 * time.Millisecond
+	})
+	slow := ta.raw(t)
+	slow.ok(`{"op":"acquire","name":"slow"}`)
+	pings := []byte(strings.Repeat(`{"id":"some-long-request-id-to-fill-buffers","op":"ping"}`+"\n", 1000))
+	go func() {
+		for {
+			if _, err := slow.nc.Write(pings); err != nil {
+				return
+			}
+		}
+	}()
+	good := ta.raw(t)
+	require.Eventually(t, func() bool {
+		return good.ok(`{"op":"acquire","name":"slow"}`)["acquired"] == true
+	}, 10*time.Second, 5*time.Millisecond, "the slow reader was cut off, its lock released")
+	assert.Equal(t, 1, logs.count("[WARN]", "slow consumer cut off", "blocked_for=200ms"), logs.String())
+}
+
 func TestLineTooLong(t *testing.T) {
 	ta := startAgent(t, func(o *options) { o.server.MaxLineBytes = 1024 })
 	r := ta.raw(t)
