@@ -38,6 +38,16 @@ const PROTOCOL_VERSION = 1;
 /** How long close() gives a reconnect under way, and ending a session whose connection broke. */
 const END_WAIT_MS = 5000;
 
+/**
+ * A lone surrogate as JSON.stringify escapes it (`\ud83d`), not preceded
+ * by an escaped backslash. The agent refuses a line with one (`bad_request`,
+ * answered with `"id": null`), so the client refuses it first.
+ */
+const LONE_SURROGATE = /(?<!\\)(?:\\\\)*\\ud[89a-f][0-9a-f]{2}/;
+
+/** Errors the agent answers with `"id": null` about the connection itself, which it then closes. */
+const CONNECTION_ERRORS = new Set(['line_too_long', 'limit_exceeded']);
+
 /** `Symbol.asyncDispose` where the runtime has it (Node 18.18+, 20.4+). */
 const asyncDispose = typeof Symbol.asyncDispose === 'symbol' ? Symbol.asyncDispose : undefined;
 
@@ -100,7 +110,10 @@ function socketPath(explicit, env = process.env) {
  * The base class of every error this module throws. `code` is a stable
  * string: one of the protocol's error codes for an {@link AgentError}, or
  * one of this client's own (`connection_closed`, `not_connected`,
- * `line_too_long`, `lease_lost`, `lease_released`, `campaign_ended`).
+ * `line_too_long`, `invalid_argument`, `lease_lost`, `lease_released`,
+ * `campaign_ended`). `invalid_argument` is also the client's own code for an
+ * argument it refuses before sending it: a string that is not well-formed
+ * (a lone surrogate), a number option that is not finite or is negative.
  */
 class LockAgentError extends Error {
   /**
@@ -200,6 +213,7 @@ class Lease extends EventEmitter {
     this._abort = new AbortController();
     this._lostError = null;
     this._releasing = null;
+    this._releaseSent = false;
     /**
      * Resolves once the lease is no longer held: with its LeaseLostError if
      * it was lost, with null if it was released. It never rejects.
@@ -225,7 +239,13 @@ class Lease extends EventEmitter {
   /**
    * Releases the lease. Resolves true if this call released it, false if
    * it had already ended (released, or lost). A session-scoped lease
-   * released while the client reconnects is released once it is back.
+   * released while the client reconnects is released once it is back;
+   * should it not be back within END_WAIT_MS (5 s), the lease ends as
+   * released and this resolves false (the agent ends it with the session,
+   * or gives it back when the session is resumed). If the connection
+   * breaks before the answer, this rejects with a ConnectionError; a
+   * session-scoped lease the resumed session no longer has then ends as
+   * released, not lost.
    * @returns {Promise<boolean>}
    */
   release() {
@@ -238,12 +258,19 @@ class Lease extends EventEmitter {
 
   async _release() {
     try {
-      if (this.scope === 'session' && !this._client.connected) await this._client.ready();
+      if (this.scope === 'session' && !this._client.connected && !(await this._client._readyWithin(END_WAIT_MS))) {
+        this._end(null);
+        return false;
+      }
       if (!this.held) return false;
+      // Until answered: a release the connection takes down may have been
+      // done, which the resume's check must not take for a loss.
+      this._releaseSent = true;
       await this._client._call('release', { lease: this.id });
       this._end(null);
       return true;
     } catch (err) {
+      if (err.code !== 'connection_closed') this._releaseSent = false;
       if (!this.held) return false;
       if (err.code === 'not_held') {
         this._end(null);
@@ -361,18 +388,22 @@ class Campaign extends EventEmitter {
 
   /**
    * Stops contending and releases the current term, if any. Safe to call
-   * more than once.
+   * more than once. A session-scoped campaign resigned while the client
+   * reconnects is resigned once it is back; should it not be back within
+   * END_WAIT_MS (5 s), this resolves and the term ends as released (the
+   * agent ends it with the session, or the resume resigns it).
    */
   async resign() {
     if (this.ended) return;
     const client = this._client;
     const id = this.id;
     this._end(null);
-    if (this.scope === 'session' && !client.connected && !client.closed) {
-      await client.ready().catch(() => {});
-    }
-    if (!client.connected) return;
+    if (this.scope === 'session' && !client.connected) await client._readyWithin(END_WAIT_MS);
     const term = this.leader;
+    if (!client.connected) {
+      term?._end(null);
+      return;
+    }
     try {
       await client._call('resign', { campaign: id });
     } catch (err) {
@@ -480,6 +511,8 @@ class Client extends EventEmitter {
       reconnectMaxMs: 2000,
       ...options,
     };
+    this._options.sessionTtlMs = intOption('sessionTtlMs', this._options.sessionTtlMs) ?? 0;
+    this._options.heartbeatMs = intOption('heartbeatMs', this._options.heartbeatMs) ?? 0;
     /** @type {string} the socket path */
     this.socketPath = socketPath(options.socket);
     /** @type {string|null} the session id */
@@ -538,6 +571,21 @@ class Client extends EventEmitter {
     });
   }
 
+  /** Waits up to `ms` for the client to be connected; resolves whether it is. */
+  async _readyWithin(ms) {
+    if (this._connected) return true;
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(), ms);
+    try {
+      await this.ready({ signal: stop.signal });
+      return true;
+    } catch {
+      return false;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
   /**
    * Takes a lock, waiting for it up to `waitMs` (as long as it takes by
    * default). Resolves with the Lease, or with null if `waitMs` ran out.
@@ -547,7 +595,7 @@ class Client extends EventEmitter {
    */
   acquire(name, options = {}) {
     const { waitMs = Infinity } = options;
-    return this._acquire(name, options, waitMs === Infinity ? -1 : waitMs);
+    return this._acquire(name, options, waitMs);
   }
 
   /**
@@ -564,7 +612,15 @@ class Client extends EventEmitter {
   async _acquire(name, options, waitMs) {
     const { mode, limit, scope, ttlMs, meta, signal } = options;
     signal?.throwIfAborted();
-    const args = { name, mode, limit, scope, ttl_ms: ttlMs, wait_ms: waitMs, meta };
+    const args = {
+      name,
+      mode,
+      limit: intOption('limit', limit),
+      scope,
+      ttl_ms: intOption('ttlMs', ttlMs),
+      wait_ms: waitMs === Infinity || waitMs === -1 ? -1 : intOption('waitMs', waitMs), // -1: the protocol's forever
+      meta,
+    };
     let lease = null;
     // The lease is tracked as its answer is read: the next line may be its
     // lost event.
@@ -611,7 +667,7 @@ class Client extends EventEmitter {
    * @returns {Promise<Campaign>}
    */
   async campaign(name, options = {}) {
-    const campaign = new Campaign(this, name, { ...options });
+    const campaign = new Campaign(this, name, { ...options, ttlMs: intOption('ttlMs', options.ttlMs) });
     await campaign._start();
     return campaign;
   }
@@ -769,6 +825,14 @@ class Client extends EventEmitter {
       };
     }
     const line = JSON.stringify({ id, op, ...args });
+    if (LONE_SURROGATE.test(line)) {
+      const field = Object.keys(args).find((k) => LONE_SURROGATE.test(JSON.stringify(args[k]) ?? '')) ?? 'a string';
+      return {
+        id,
+        promise: Promise.reject(new LockAgentError(
+          `${op}: ${field} is not well-formed: it has a lone surrogate, which the agent refuses`, 'invalid_argument')),
+      };
+    }
     const max = this.agent?.maxLineBytes;
     if (max && Buffer.byteLength(line) > max) {
       return {
@@ -778,7 +842,9 @@ class Client extends EventEmitter {
       };
     }
     const promise = new Promise((resolve, reject) => {
-      this._pending.set(id, { op, resolve, reject, onAnswer });
+      // A waiting acquire is answered out of order (see _onLine).
+      const waiting = op === 'acquire' && args.wait_ms != null && args.wait_ms !== 0;
+      this._pending.set(id, { op, waiting, resolve, reject, onAnswer });
     });
     this._sock.write(`${line}\n`);
     return { id, promise };
@@ -800,7 +866,7 @@ class Client extends EventEmitter {
         if (sock === this._sock) this._onLine(line);
       }
     });
-    sock.on('error', (err) => { this._closeCause ??= err; });
+    sock.on('error', (err) => { if (sock === this._sock) this._closeCause ??= err; });
     sock.on('close', () => this._onClose(sock));
     try {
       await this._hello();
@@ -838,8 +904,11 @@ class Client extends EventEmitter {
         return;
       } catch (err) {
         if (err.code !== 'session_expired') throw err;
-        // The session is gone, and every lease it had with it.
-        for (const lease of [...this._leases.values()]) lease._end(new LeaseLostError(lease, 'session_expired'));
+        // The session is gone, and every lease it had with it (released,
+        // for those whose release went down with the connection).
+        for (const lease of [...this._leases.values()]) {
+          lease._end(lease._releaseSent ? null : new LeaseLostError(lease, 'session_expired'));
+        }
       }
     }
     await this._call('hello', args, { handshake: true, onAnswer: (res) => this._helloDone(res) });
@@ -848,7 +917,8 @@ class Client extends EventEmitter {
   /**
    * After a resume, asks after each session-scoped lease the client holds:
    * a lost event sent to the connection that broke never arrived, and a
-   * lease the session no longer has is lost. Then gives back the leases of
+   * lease the session no longer has is lost (released, if a release of it
+   * went down with the connection). Then gives back the leases of
    * the session it does not know.
    */
   async _checkSessionLeases() {
@@ -863,7 +933,9 @@ class Client extends EventEmitter {
         // stays, and its renewals or a later check tell.
         res = { held: err.code !== 'not_held' };
       }
-      if (!res.held) lease._end(new LeaseLostError(lease, 'expired'));
+      // A release whose answer went down with the connection was done.
+      if (!res.held) lease._end(lease._releaseSent ? null : new LeaseLostError(lease, 'expired'));
+      lease._releaseSent = false;
     }
     // A lease the session has and the client does not know was granted to
     // a request whose answer went down with the connection: give it back.
@@ -924,14 +996,28 @@ class Client extends EventEmitter {
       this._onEvent(msg);
       return;
     }
-    const pending = msg.id === null || msg.id === undefined ? undefined : this._pending.get(String(msg.id));
+    let key = msg.id === null || msg.id === undefined ? undefined : String(msg.id);
+    if (key === undefined && msg.ok === false && msg.error && !CONNECTION_ERRORS.has(msg.error.code)) {
+      // A line of ours the agent could not decode (bad_request). Such
+      // lines are answered in order, as every request but a waiting
+      // acquire: the answer is the oldest pending request's, unless a
+      // waiting acquire came before it. Should it be unclear whose it is,
+      // the connection is closed, and every pending request rejects.
+      key = this._oldestInOrder();
+      if (key === undefined) {
+        this._closeCause = new AgentError('connection', msg.error);
+        this._sock.destroy();
+        return;
+      }
+    }
+    const pending = key === undefined ? undefined : this._pending.get(key);
     if (!pending) {
       // An answer to no request of ours: an error about the connection
       // itself (line_too_long, too many connections), which is about to end.
-      if (msg.ok === false && msg.error) this._closeCause = new AgentError('connection', msg.error);
+      if (key === undefined && msg.ok === false && msg.error) this._closeCause = new AgentError('connection', msg.error);
       return;
     }
-    this._pending.delete(String(msg.id));
+    this._pending.delete(key);
     if (msg.ok) {
       pending.onAnswer?.(msg);
       pending.resolve(msg);
@@ -940,6 +1026,13 @@ class Client extends EventEmitter {
     let lease;
     if (msg.error.lease) lease = this._leases.get(msg.error.lease.lease) ?? camelKeys(msg.error.lease);
     pending.reject(new AgentError(pending.op, msg.error, lease));
+  }
+
+  /** The id of the pending request an answer with `"id": null` is for, if that is certain. */
+  _oldestInOrder() {
+    const [first, second] = this._pending.entries();
+    if (!first || (first[1].waiting && second)) return undefined;
+    return first[0];
   }
 
   _onEvent(ev) {
@@ -974,6 +1067,7 @@ class Client extends EventEmitter {
     this._stopHeartbeat();
     const err = new ConnectionError('the connection to the agent was closed', 'connection_closed',
       this._closeCause ? { cause: this._closeCause } : undefined);
+    this._closeCause = null;
     this._failPending(err);
     if (this._closed || !wasConnected) return;
     // The documented contract: a broken connection loses every
@@ -1084,6 +1178,19 @@ function dial(socket) {
       resolve(sock);
     });
   });
+}
+
+/**
+ * A number option as the protocol takes it, an integer: absent stays
+ * absent, a fraction is rounded up; NaN, an infinity, a negative number or
+ * a non-number is refused (`invalid_argument`).
+ */
+function intOption(name, value) {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new LockAgentError(`${name} must be a finite number, 0 or more, not ${String(value)}`, 'invalid_argument');
+  }
+  return Math.ceil(value);
 }
 
 function closedError() {

@@ -517,6 +517,106 @@ describe('against an agent', () => {
     assert.equal(a.connected, true);
   });
 
+  test('a string that is not well-formed is refused before it is sent', { timeout: 10000 }, async () => {
+    const a = await client();
+    // Half of the rocket's surrogate pair: JSON.stringify writes it as
+    // \ud83d, which the agent cannot decode (and answers with id null).
+    const halfRocket = 'job for 🚀…'.slice(0, 9);
+    await assert.rejects(a.tryAcquire(unique('lone'), { meta: halfRocket }),
+      { name: 'LockAgentError', code: 'invalid_argument', message: /meta/ });
+    await assert.rejects(a.tryAcquire('a\ud800b'), { name: 'LockAgentError', code: 'invalid_argument', message: /name/ });
+    await assert.rejects(a.campaign(unique('lone'), { meta: '\udc00' }), { code: 'invalid_argument' });
+    await assert.rejects(connect({ socket: agent.socket, client: '\udc00x' }), { code: 'invalid_argument' });
+    const lease = await a.tryAcquire(unique('lone'), { meta: 'job for 🚀…' });
+    assert.equal(lease.meta, 'job for 🚀…', 'a whole pair is fine');
+    assert.equal(a.connected, true);
+  });
+
+  test('an answer with id null settles the request it answers, or closes the connection when unclear', { timeout: 10000 }, async () => {
+    const a = await client();
+    const b = await client();
+    // A line the agent cannot decode, made on the wire out of a request of the client's.
+    const undecodable = () => {
+      const write = a._sock.write.bind(a._sock);
+      a._sock.write = (data, ...rest) => write(data.replace('"UNDECODABLE"', '"\\ud800"'), ...rest);
+    };
+    undecodable();
+    await assert.rejects(a.request('ping', { x: 'UNDECODABLE' }), { name: 'AgentError', code: 'bad_request', op: 'ping' });
+    assert.equal(a.connected, true);
+    assert.ok((await a.ping()) >= 0, 'later answers still go to their requests');
+    // The error is not left behind as the cause of a later break.
+    let disconnected = new Promise((r) => a.once('disconnect', r));
+    a._sock.destroy();
+    assert.equal((await disconnected).cause, undefined);
+    await a.ready();
+
+    // Behind a waiting acquire, which is answered out of order, whose
+    // answer it is is unclear: the connection is closed with it as cause.
+    undecodable();
+    const name = unique('null-id');
+    assert.ok(await b.tryAcquire(name));
+    disconnected = new Promise((r) => a.once('disconnect', r));
+    const results = await Promise.allSettled([a.acquire(name), a.request('ping', { x: 'UNDECODABLE' })]);
+    for (const { status, reason } of results) {
+      assert.equal(status, 'rejected');
+      assert.equal(reason.name, 'ConnectionError');
+      assert.equal(reason.cause?.code, 'bad_request');
+    }
+    assert.equal((await disconnected).cause?.code, 'bad_request');
+  });
+
+  test('fractional numbers are rounded up; NaN, infinities and negative numbers are refused', async () => {
+    const a = await client({ sessionTtlMs: 1000.5, heartbeatMs: 5000.5 });
+    const b = await client();
+    const lease = await a.tryAcquire(unique('frac'), { ttlMs: 1500.5 });
+    assert.equal(lease.ttlMs, 1501);
+    const held = unique('frac');
+    assert.ok(await b.tryAcquire(held));
+    assert.equal(await a.acquire(held, { waitMs: 250.5 }), null, 'waited, then timed out');
+    assert.ok(await a.tryAcquire(unique('frac'), { mode: 'shared', limit: 2.5 }));
+    const campaign = await a.campaign(unique('frac'), { ttlMs: 1500.5 });
+    assert.equal((await campaign.elected({ signal: AbortSignal.timeout(5000) })).ttlMs, 1501);
+
+    const refused = { name: 'LockAgentError', code: 'invalid_argument' };
+    for (const bad of [NaN, Infinity, -Infinity, -1, -0.5]) {
+      await assert.rejects(a.tryAcquire(unique('frac'), { ttlMs: bad }), refused, `ttlMs ${bad}`);
+      await assert.rejects(a.tryAcquire(unique('frac'), { mode: 'shared', limit: bad }), refused, `limit ${bad}`);
+      await assert.rejects(a.campaign(unique('frac'), { ttlMs: bad }), refused, `campaign ttlMs ${bad}`);
+      await assert.rejects(connect({ socket: agent.socket, sessionTtlMs: bad }), refused, `sessionTtlMs ${bad}`);
+      await assert.rejects(connect({ socket: agent.socket, heartbeatMs: bad }), refused, `heartbeatMs ${bad}`);
+      if (bad !== Infinity && bad !== -1) await assert.rejects(a.acquire(unique('frac'), { waitMs: bad }), refused, `waitMs ${bad}`);
+    }
+    assert.equal(a.leases.length, 3, 'nothing refused was acquired');
+    const forever = a.acquire(held, { waitMs: -1 }); // the protocol's -1: as long as it takes
+    await b.leases[0].release();
+    assert.ok(await forever, 'waitMs -1 waited until granted');
+  });
+
+  test('a release whose answer went down with the connection ends the lease as released on resume', { timeout: 20000 }, async () => {
+    const a = await client({ sessionTtlMs: 10000 });
+    const b = await client();
+    const lease = await a.tryAcquire(unique('release-lost'), { scope: 'session' });
+    const lost = [];
+    a.on('lost', (l, err) => lost.push(err));
+    const onLine = a._onLine.bind(a);
+    a._onLine = (line) => {
+      if (line.includes('"released":true')) {
+        a._onLine = onLine;
+        a._sock.destroy();
+        return;
+      }
+      onLine(line);
+    };
+    const reconnected = new Promise((r) => a.once('reconnect', r));
+    await assert.rejects(lease.release(), { name: 'ConnectionError' });
+    assert.deepEqual(await reconnected, { session: a.session, resumed: true });
+    assert.equal(await lease.ended, null, 'released, not lost');
+    assert.equal(lease.released, true);
+    assert.equal(lease.lost, false);
+    assert.deepEqual(lost, []);
+    assert.ok(await b.tryAcquire(lease.name));
+  });
+
   /** `lockagent ctl` against another socket path of the shared agent. */
   function ctlAt(socket, ...args) {
     return new Promise((resolve, reject) => {
@@ -566,6 +666,32 @@ describe('agent restarts', () => {
       agent = await Agent.start({ dir: agent.dir });
       assert.equal((await sess.ended).reason, 'session_expired');
       assert.equal((await reconnected).resumed, false);
+    } finally {
+      await a.close();
+      await agent.stop();
+    }
+  });
+
+  test('release and resign of session-scoped objects give up on an agent that does not come back', { timeout: 30000 }, async () => {
+    const agent = await Agent.start();
+    const a = await connect({ socket: agent.socket, sessionTtlMs: 10000 });
+    try {
+      const campaign = await a.campaign('gone/leader', { scope: 'session' });
+      const term = await campaign.elected({ signal: AbortSignal.timeout(5000) });
+      const lease = await a.tryAcquire('gone/2', { scope: 'session' });
+      const lost = [];
+      a.on('lost', (l, err) => lost.push(err));
+      const disconnected = new Promise((r) => a.once('disconnect', r));
+      await agent.kill('SIGKILL');
+      await disconnected;
+      const start = Date.now();
+      const [released] = await Promise.all([lease.release(), campaign.resign()]);
+      assert.ok(Date.now() - start < 8000, 'within END_WAIT_MS');
+      assert.equal(released, false, 'the release was not confirmed');
+      assert.equal(lease.released, true);
+      assert.equal(term.released, true);
+      assert.equal(campaign.ended, true);
+      assert.deepEqual(lost, []);
     } finally {
       await a.close();
       await agent.stop();
