@@ -141,19 +141,28 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 				Broken int `json:"broken"`
 			}
 			if err := c.Call(ctx, "break", map[string]any{"name": name}, &res); err != nil {
-				return fmt.Errorf("break: %w", err)
+				return refusedName(err)
 			}
 			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", name, res.Broken)
 			return nil
 		}
 		var res json.RawMessage
 		if err := c.Call(ctx, "inspect", map[string]any{"name": name}, &res); err != nil {
-			return fmt.Errorf("inspect: %w", err)
+			return refusedName(err)
 		}
 		return printInspect(stdout, name, res)
 	default:
 		return usageError{fmt.Sprintf("unknown ctl subcommand %q", sub)}
 	}
+}
+
+// refusedName is the error of a ctl call on a name: a usage error if the
+// agent refused the name itself.
+func refusedName(err error) error {
+	if badArgument(err) {
+		return usageError{err.Error()}
+	}
+	return err
 }
 
 type listResult struct {

@@ -505,9 +505,11 @@ func TestCtlInspect(t *testing.T) {
 	requireCode(t, 0, r, "ctl inspect after release")
 	require.Equal(t, fmt.Sprintf("ctl/held: free (last token %d)\n", l.Token), r.stdout)
 
-	r = lockagent(t, e.clientEnv(), "ctl", "inspect", "bad name")
-	requireCode(t, 1, r, "ctl inspect of an invalid name")
-	require.Contains(t, r.stderr, "invalid_name")
+	for _, sub := range []string{"inspect", "break"} {
+		r = lockagent(t, e.clientEnv(), "ctl", sub, "bad name")
+		requireCode(t, 2, r, "ctl "+sub+" of a name the agent refuses: a usage error")
+		require.Contains(t, r.stderr, "invalid_name")
+	}
 
 	// Flags may follow the name; after "--", a name may look like a flag.
 	r = lockagent(t, nil, "ctl", "inspect", "ctl/held", "-socket", e.socket)
@@ -768,10 +770,32 @@ func TestRun(t *testing.T) {
 			{"-elect", "run/usage", "-shared", "--", "true"},
 			{"-elect", "run/usage", "-wait", "1s", "--", "true"},
 			{"run/usage", "true"},
+			// Refused by the agent: a name or a TTL out of its bounds.
+			{"", "--", "true"},
+			{strings.Repeat("n", 300), "--", "true"},
+			{"-ttl", "100h", "run/usage", "--", "true"},
+			{"-elect", strings.Repeat("n", 300), "--", "true"},
 		} {
 			r := lockagent(t, env, append([]string{"run"}, args...)...)
-			requireCode(t, 2, r, fmt.Sprintf("run %q", args))
+			requireCode(t, 2, r, fmt.Sprintf("run %.40q", args))
+			require.Empty(t, r.stdout, "the command must not run")
 		}
+	})
+
+	t.Run("agent stopped during -wait", func(t *testing.T) {
+		e := newAgentEnv(t)
+		a := e.start(t)
+		holder := dialAgent(t, e.socket, "e2e-holder")
+		mustAcquire(t, holder, "run/stopped", nil)
+		a.signal(t, syscall.SIGSTOP)
+		defer a.signal(t, syscall.SIGCONT)
+		start := time.Now()
+		r := lockagent(t, e.clientEnv(), "run", "-wait", "200ms", "run/stopped", "--", "sh", "-c", "echo ran")
+		took := time.Since(start)
+		requireCode(t, 1, r, "run -wait against an agent that does not answer")
+		require.Contains(t, r.stderr, "did not answer")
+		require.Less(t, took, 200*time.Millisecond+helloTimeout+2*time.Second, "bounded by -wait and the hello timeout")
+		require.Empty(t, r.stdout)
 	})
 
 	t.Run("shared", func(t *testing.T) {
@@ -786,8 +810,17 @@ func TestRun(t *testing.T) {
 
 	t.Run("command not found", func(t *testing.T) {
 		r := lockagent(t, env, "run", "run/missing", "--", "/nonexistent/e2e-command")
-		requireCode(t, 1, r, "run of a missing command")
+		requireCode(t, 127, r, "run of a missing command")
 		require.Contains(t, r.stderr, "/nonexistent/e2e-command")
+		requireFree(t, "run/missing", 0)
+		r = lockagent(t, env, "run", "run/missing", "--", "no-such-e2e-command")
+		requireCode(t, 127, r, "run of a command not on PATH")
+
+		notExec := filepath.Join(t.TempDir(), "script")
+		require.NoError(t, os.WriteFile(notExec, []byte("#!/bin/sh\necho ran\n"), 0o644))
+		r = lockagent(t, env, "run", "run/missing", "--", notExec)
+		requireCode(t, 126, r, "run of a file that is not executable")
+		require.Empty(t, r.stdout)
 		requireFree(t, "run/missing", 0)
 	})
 

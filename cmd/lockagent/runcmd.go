@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -25,7 +26,7 @@ const exitTempFail = 75
 func runCmd(args []string, stderr io.Writer) error {
 	fs := newFlagSet("run", stderr)
 	socket := fs.String("socket", "", "agent socket path")
-	wait := fs.Duration("wait", -1, "how long to wait for the lock (default: without limit)")
+	wait := fs.Duration("wait", 0, "how long to wait for the lock (default: without limit)")
 	shared := fs.Bool("shared", false, "take the lock shared")
 	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long before SIGKILL")
 	elect := fs.String("elect", "", "campaign for leadership of `NAME`; run the command while leader")
@@ -92,8 +93,14 @@ func runCmd(args []string, stderr io.Writer) error {
 	}
 
 	req := map[string]any{"name": name, "wait_ms": -1}
-	if *wait >= 0 {
+	actx := ctx
+	if given["wait"] {
 		req["wait_ms"] = wait.Milliseconds()
+		// An agent that stops answering (stopped, hung) must not hold run
+		// past its -wait by long.
+		var acancel context.CancelFunc
+		actx, acancel = context.WithTimeout(ctx, *wait+helloTimeout)
+		defer acancel()
 	}
 	if *shared {
 		req["mode"] = "shared"
@@ -107,13 +114,17 @@ func runCmd(args []string, stderr io.Writer) error {
 		Token    uint64 `json:"token"`
 		Reason   string `json:"reason"`
 	}
-	err = untilSignal(cancel, sigs, func() error { return c.Call(ctx, "acquire", req, &res) })
+	err = untilSignal(cancel, sigs, func() error { return c.Call(actx, "acquire", req, &res) })
 	var exit exitError
 	switch {
 	case errors.As(err, &exit):
 		return err
+	case badArgument(err):
+		return usageError{fmt.Sprintf("%s: %v", name, err)}
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: the agent did not answer within -wait and %s more", name, helloTimeout)
 	case err != nil:
-		return fmt.Errorf("acquire %s: %w", name, err)
+		return fmt.Errorf("%s: %w", name, err)
 	case !res.Acquired:
 		fmt.Fprintf(stderr, "lockagent: %s not acquired (%s)\n", name, res.Reason)
 		return exitError{exitTempFail}
@@ -202,7 +213,13 @@ func startCommand(argv []string, name, leaseID string, token uint64, stderr io.W
 	// process does: run locks no goroutine to its thread.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("run %s: %w", argv[0], err)
+		// A shell's statuses: 127 for a command not found, 126 for one
+		// that cannot be run.
+		fmt.Fprintf(stderr, "lockagent: run %s: %v\n", argv[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return nil, exitError{127}
+		}
+		return nil, exitError{126}
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -225,16 +242,25 @@ func (c *command) stop(sig syscall.Signal, stderr io.Writer) {
 	signalAll(living, sig)
 }
 
-// relay passes on a signal sent to run, unless a terminal sent it: a
-// terminal's SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and SIGHUP go to its whole
-// foreground process group, which the command shares with run, and it
-// must not get them twice (to many tools a second Ctrl-C means "abort at
-// once").
+// relay passes on a signal sent to run, unless a terminal may have sent
+// it: a terminal's SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and SIGHUP go to its
+// whole foreground process group, which the command shares with run, and
+// it must not get them twice (to many tools a second Ctrl-C means "abort
+// at once"). Go does not tell who sent a signal, so while run is in the
+// foreground, such a signal sent to run alone by another process is not
+// passed on (README: SIGTERM always is).
 func (c *command) relay(sig os.Signal) {
 	if sig != syscall.SIGTERM && inTerminalForeground() {
 		return
 	}
 	c.signal(sig.(syscall.Signal))
+}
+
+// badArgument tells whether the agent refused a request for its arguments
+// (the name, the TTL): a mistake on the command line.
+func badArgument(err error) bool {
+	var se *socketapi.Error
+	return errors.As(err, &se) && (se.Code == socketapi.CodeInvalidName || se.Code == socketapi.CodeInvalidArgument)
 }
 
 // byeTimeout bounds how long run waits, once the command has ended, for

@@ -37,8 +37,10 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 	switch {
 	case errors.As(err, &exit):
 		return err
+	case badArgument(err):
+		return usageError{fmt.Sprintf("%s: %v", name, err)}
 	case err != nil:
-		return fmt.Errorf("campaign %s: %w", name, err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	resign := func() {
 		rctx, cancel := context.WithTimeout(ctx, byeTimeout)
