@@ -9,6 +9,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/lockagent/lockagent/backend"
 )
 
@@ -25,6 +27,10 @@ const WaitForever time.Duration = -1
 // maxPoll bounds the time between two attempts of a waiter that heard no
 // notification: the backstop if one is lost.
 const maxPoll = time.Second
+
+// unavailableBackoff is how soon a waiting acquire asks again after the
+// backend was unavailable; it doubles with each failure, up to maxPoll.
+const unavailableBackoff = 50 * time.Millisecond
 
 // AcquireRequest is the arguments of acquire.
 type AcquireRequest struct {
@@ -312,6 +318,8 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	var freed <-chan struct{} // the backend's notifications, once eligible
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
+	var failed error // the last attempt's, while the backend is unavailable
+	backoff := unavailableBackoff
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
@@ -348,25 +356,48 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				a.wakeQueue(w.req.Name)
 			}
 			a.mu.Unlock()
-			if errors.Is(err, errWaitOver) {
+			switch {
+			case errors.Is(err, errWaitOver) && failed != nil:
+				return AcquireResult{}, failed
+			case errors.Is(err, errWaitOver):
 				return a.denied(ctx, w.req.Name, ReasonTimeout), nil
-			}
-			if err != nil {
+			case errors.Is(err, backend.ErrUnavailable) && ctx.Err() == nil:
+				// An outage (a restart, a failover) does not end a wait:
+				// the backend is asked again, backing off, until the wait
+				// ends, when the acquire fails with this error.
+				if failed == nil {
+					a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "waiting acquire: the backend is unavailable; asking again until the wait ends",
+						"name", w.req.Name, "uid", peer.UID, "error", err)
+				}
+				failed = err
+				poll.Reset(min(backoff, w.req.TTL/3))
+				backoff = min(2*backoff, maxPoll)
+			case err != nil:
 				return AcquireResult{}, err
-			}
-			if l != nil {
+			case l != nil:
 				return AcquireResult{Acquired: true, Lease: l.public()}, nil
+			default:
+				failed, backoff = nil, unavailableBackoff
+				// Asking again also keeps the ticket alive in the queue.
+				poll.Reset(min(max(retryIn, time.Millisecond), maxPoll, w.req.TTL/3))
 			}
-			// Asking again also keeps the ticket alive in the queue.
-			poll.Reset(min(max(retryIn, time.Millisecond), maxPoll, w.req.TTL/3))
+		}
+		wake, notified := w.wake, freed
+		if failed != nil {
+			// Backing off: a release of the failed attempt's possible
+			// grant must not make it ask again at once.
+			wake, notified = nil, nil
 		}
 		select {
 		case <-ctx.Done():
 			return AcquireResult{}, ctx.Err()
 		case <-timeout:
+			if failed != nil {
+				return AcquireResult{}, failed
+			}
 			return a.denied(ctx, w.req.Name, ReasonTimeout), nil
-		case <-w.wake:
-		case <-freed:
+		case <-wake:
+		case <-notified:
 		case <-poll.C:
 		}
 	}

@@ -37,6 +37,8 @@ type faulty struct {
 	releaseDelay atomic.Int64 // a release is sent this late, unless its context ends first
 	failRelease  atomic.Bool  // releases fail with ErrUnavailable
 	lateAnswer   atomic.Bool  // a renewal is answered only when its context ends (see Renew)
+	failAcquire  atomic.Bool  // acquires fail with ErrUnavailable, not applied
+	acquireCalls atomic.Int64
 
 	mu       sync.Mutex
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
@@ -82,6 +84,10 @@ func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error
 }
 
 func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
+	f.acquireCalls.Add(1)
+	if f.failAcquire.Load() {
+		return backend.Grant{}, fmt.Errorf("acquire %s: %w", req.Name, backend.ErrUnavailable)
+	}
 	g, err := f.Backend.Acquire(ctx, req)
 	time.Sleep(time.Duration(f.acquireDelay.Load()))
 	if err == nil && f.lostAnswer.Load() {
@@ -251,6 +257,58 @@ func TestRenewalAnsweredAtTheDeadline(t *testing.T) {
 		_, err := s.Check(context.Background(), l.ID)
 		assert.ErrorIs(t, err, agent.ErrNotHeld)
 		assert.GreaterOrEqual(t, f.renewCalls.Load(), int64(2), "a renewal failed, and one was tried again")
+	})
+}
+
+// TestWaitThroughAnOutage: an outage of the backend (a restart, a
+// failover) does not end a waiting acquire: it asks again, backing off,
+// and is granted once the backend is back. A wait that ends during the
+// outage fails with the backend's error, not as a timeout.
+func TestWaitThroughAnOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		holder, _ := openSession(t, a)
+		held := mustAcquire(t, holder, agent.AcquireRequest{Name: "n"})
+		s, _ := openSession(t, a)
+		type outcome struct {
+			res agent.AcquireResult
+			err error
+			at  time.Time
+		}
+		forever, bounded := make(chan outcome, 1), make(chan outcome, 1)
+		go func() {
+			res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: agent.WaitForever})
+			forever <- outcome{res, err, time.Now()}
+		}()
+		synctest.Wait()
+		f.failAcquire.Store(true)
+		require.NoError(t, holder.Release(context.Background(), held.ID))
+		other, _ := openSession(t, a)
+		start := time.Now()
+		go func() {
+			res, err := other.Acquire(context.Background(), agent.AcquireRequest{Name: "m", Wait: 2 * time.Second})
+			bounded <- outcome{res, err, time.Now()}
+		}()
+
+		time.Sleep(10 * time.Second)
+		select {
+		case o := <-forever:
+			t.Fatalf("the wait ended during the outage: %+v", o)
+		default:
+		}
+		o := <-bounded
+		require.ErrorIs(t, o.err, backend.ErrUnavailable, "a wait that ends during the outage says why")
+		assert.Equal(t, 2*time.Second, o.at.Sub(start), "at the end of its wait")
+
+		calls := f.acquireCalls.Load()
+		time.Sleep(10 * time.Second)
+		assert.LessOrEqual(t, f.acquireCalls.Load()-calls, int64(11), "backing off: about one attempt a second")
+		f.failAcquire.Store(false)
+		time.Sleep(time.Second)
+		o = <-forever
+		require.NoError(t, o.err)
+		assert.True(t, o.res.Acquired, "granted once the backend is back")
 	})
 }
 

@@ -102,6 +102,44 @@ func TestWaitReplicasConfig(t *testing.T) {
 	assert.Zero(t, srv.Client(t).Exists(ctx, lockKey("w/1")).Val(), "the grant was given back")
 }
 
+// TestWaiterThroughARedisRestart: an app waits for a name held on another
+// agent while Redis is down for two seconds (a restart, with its data
+// kept): the wait goes on, asking again, and the app gets the name once
+// the holder lets it go, as if Redis had never been away.
+func TestWaiterThroughARedisRestart(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, 2, redistest.Options{Persistence: true}, "")
+	holder := f.agents[0].client(t, "holder")
+	waiter := f.agents[1].client(t, "waiter")
+	held := mustAcquire(t, holder, "restart/x", nil)
+	got := make(chan grab, 1)
+	go func() {
+		var l lease
+		err := waiter.Call(t.Context(), "acquire", map[string]any{"name": "restart/x", "wait_ms": -1}, &l)
+		got <- grab{l, time.Now(), err}
+	}()
+	rc := f.redis.Client(t)
+	eventually(t, callTimeout, "the waiter is queued", func() bool {
+		return rc.Exists(t.Context(), lockKey("restart/x")+":q").Val() == 1
+	})
+
+	f.redis.Kill()
+	time.Sleep(2 * time.Second) // the outage
+	f.redis.Restart(t)
+	restarted := time.Now()
+	select {
+	case g := <-got:
+		t.Fatalf("the wait ended with the outage: %+v", g)
+	default:
+	}
+	opsRelease(t, holder, held.Lease)
+	g := receive(t, got, "the waiter did not get restart/x")
+	require.NoError(t, g.err)
+	require.True(t, g.l.Acquired)
+	assert.Greater(t, g.l.Token, held.Token)
+	t.Logf("Redis down 2s with a waiter queued: it got the name %s after the restart", msString(g.at.Sub(restarted)))
+}
+
 // TestWaiterAfterItsSubscriptionDied (redis.md section 7, case 23): the
 // connection on which an agent hears of releases is killed while its app
 // waits, and the lock released at once, while the agent subscribes again:
