@@ -17,4 +17,11 @@ func TestKeys(t *testing.T) {
 	k := b.keys("a{b}")
 	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}:qe$`, k.qe)
 	assert.Equal(t, b.holderKey("a{b}"), k.x)
+
+	// A name that looks like another name's digest is digested too: the
+	// two never share keys.
+	digest := k.x[len("pfx:lk:{") : len(k.x)-1]
+	assert.NotEqual(t, b.keys(digest).x, k.x)
+	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}$`, b.keys(digest).x)
+	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}$`, b.keys("#tag").x)
 }

@@ -177,9 +177,11 @@ func (b *Backend) holderKey(name string) string {
 	return b.prefix + ":lk:{" + b.tag(name) + "}"
 }
 
-// tag is the hash tag of a name's keys.
+// tag is the hash tag of a name's keys: the name itself, or "#" and a
+// digest of it for a name a hash tag cannot hold ({ or }), and for a name
+// that starts with "#", which could otherwise be another name's digest.
 func (b *Backend) tag(name string) string {
-	if strings.IndexByte(name, '{') >= 0 || strings.IndexByte(name, '}') >= 0 {
+	if strings.HasPrefix(name, "#") || strings.IndexByte(name, '{') >= 0 || strings.IndexByte(name, '}') >= 0 {
 		sum := sha256.Sum256([]byte(name))
 		return "#" + hex.EncodeToString(sum[:16])
 	}
