@@ -213,10 +213,10 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	keys := []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c}
 	args := []any{req.LeaseID, modeArg(req.Mode), req.TTL.Milliseconds(), req.Limit, req.Host, req.Meta, b.fenceTTL.Milliseconds(), req.Ticket}
 	var res []any
-	var err error
+	var err, waitErr error
 	replicas := int64(-1) // not asked
 	if b.waitReplicas > 0 {
-		res, replicas, err = b.acquireReplicated(ctx, keys, args)
+		res, replicas, waitErr, err = b.acquireReplicated(ctx, keys, args)
 	} else {
 		res, err = b.batcher(ctx, k.x).run(ctx, acquireScript, keys, args...).Slice()
 	}
@@ -229,12 +229,15 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	code, _ := res[0].(int64)
 	switch code {
 	case 1:
-		if replicas >= 0 && replicas < int64(b.waitReplicas) {
-			// Not replicated in time: a failover could lose it. It is
-			// given back, and the agent releases it again should this
-			// release fail.
+		if waitErr != nil || replicas >= 0 && replicas < int64(b.waitReplicas) {
+			// Not replicated in time, or not known to be: a failover
+			// could lose it. It is given back, and the agent releases it
+			// again should this release fail.
 			if err := b.Release(ctx, backend.Lease{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}); err != nil {
 				b.log.Debug("releasing a grant not replicated in time", "name", req.Name, "error", err)
+			}
+			if waitErr != nil {
+				return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w: WAIT failed: %w", req.Name, backend.ErrUnavailable, waitErr)
 			}
 			return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w: the grant reached %d of %d replicas within %s",
 				req.Name, backend.ErrUnavailable, replicas, b.waitReplicas, b.waitTimeout)
@@ -254,11 +257,12 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 
 // acquireReplicated runs the acquire script and WAIT in one pipeline, on
 // one connection (WAIT counts the replicas that have this connection's
-// writes), and returns the script's reply and the replicas WAIT counted.
+// writes), and returns the script's reply and the replicas WAIT counted,
+// or WAIT's error (refused by an ACL, say).
 // The script goes by digest, and by source after a NOSCRIPT. A grant
 // waits for the replicas apart from the batches of the other requests,
 // which would otherwise wait with it.
-func (b *Backend) acquireReplicated(ctx context.Context, keys []string, args []any) ([]any, int64, error) {
+func (b *Backend) acquireReplicated(ctx context.Context, keys []string, args []any) (res []any, replicas int64, waitErr, err error) {
 	var cmd *goredis.Cmd
 	var wait *goredis.Cmd
 	for _, bySource := range []bool{false, true} {
@@ -274,15 +278,11 @@ func (b *Backend) acquireReplicated(ctx context.Context, keys []string, args []a
 			break
 		}
 	}
-	res, err := cmd.Slice()
-	if err != nil {
-		return nil, 0, err
+	if res, err = cmd.Slice(); err != nil {
+		return nil, 0, nil, err
 	}
-	n, err := wait.Int64()
-	if err != nil {
-		return res, 0, nil // unknown: counted as none
-	}
-	return res, n, nil
+	replicas, waitErr = wait.Int64()
+	return res, replicas, waitErr, nil
 }
 
 // batcher returns the batcher for a name whose holder key is x: on

@@ -414,6 +414,19 @@ func TestWaitForReplicas(t *testing.T) {
 	resumed = true
 	require.NoError(t, acquire(waiting, "b"), "once the replica follows again")
 	assert.Equal(t, "lb", onReplica("b"))
+
+	// A WAIT that fails (here, refused to the user) is no count of
+	// replicas: the grant is given back, and the error says why.
+	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all", "-wait").Err())
+	denied, err := redis.Open(ctx, redis.Options{KeyPrefix: "w", WaitReplicas: 1, WaitTimeout: time.Second,
+		Client: goredis.NewClient(&goredis.Options{Addr: primary.Addr(), Username: "nowait", Password: "pw", ContextTimeoutEnabled: true})})
+	require.NoError(t, err)
+	defer denied.Close()
+	err = acquire(denied, "d")
+	require.ErrorIs(t, err, backend.ErrUnavailable)
+	require.ErrorContains(t, err, "WAIT failed")
+	require.ErrorContains(t, err, "NOPERM")
+	assert.Zero(t, rc.Exists(ctx, "w:lk:{d}").Val(), "the grant was given back")
 }
 
 // TestClusterConformance: the suite passes on a three-primary Cluster,
