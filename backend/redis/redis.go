@@ -118,8 +118,15 @@ func (b *Backend) loadScripts(ctx context.Context) error {
 	return load(ctx, b.c)
 }
 
-// checkServer logs what the server's configuration means for the locks.
+// checkServer logs what the server's configuration, and the user's
+// permissions, mean for the locks.
 func (b *Backend) checkServer(ctx context.Context) {
+	// A user without the lock channels (Redis 7 gives none by default,
+	// acl-pubsub-default resetchannels) still locks, but no release
+	// reaches the waiters: the scripts' PUBLISH fails after their writes.
+	if err := b.c.Publish(ctx, b.prefix+":probe", "").Err(); err != nil {
+		b.log.Warn("cannot publish to the lock channels: waiters are not told of releases, and ask again only about once a second; allow the user the channels "+b.prefix+":* (docs/redis.md, Permissions)", "error", err)
+	}
 	policy, err := b.c.ConfigGet(ctx, "maxmemory-policy").Result()
 	switch {
 	case err != nil:

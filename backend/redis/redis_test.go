@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -47,6 +49,34 @@ func TestConformance(t *testing.T) {
 		t.Cleanup(func() { b.Close() })
 		return b
 	})
+}
+
+// TestConformanceWithTheDocumentedPermissions: the suite passes for a
+// Redis user given only what docs/redis.md (Permissions) asks for; a user
+// without the lock channels is warned about at start.
+func TestConformanceWithTheDocumentedPermissions(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	rc := srv.Client(t)
+	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "lockagent", "on", ">pw", "resetchannels", "~acl*", "&acl*",
+		"+@read", "+@write", "+@scripting", "+@pubsub", "+@connection", "+time").Err())
+	n := 0
+	backendtest.Run(t, func(t *testing.T) backend.Backend {
+		n++
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), Username: "lockagent", Password: "pw", ContextTimeoutEnabled: true})
+		b := open(t, c, fmt.Sprintf("acl%d", n))
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+
+	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nochannels", "on", ">pw", "resetchannels", "~*", "+@all").Err())
+	var logs bytes.Buffer
+	b, err := redis.Open(ctx, redis.Options{KeyPrefix: "nc", Logger: hclog.New(&hclog.LoggerOptions{Output: &logs}),
+		Client: goredis.NewClient(&goredis.Options{Addr: srv.Addr(), Username: "nochannels", Password: "pw", ContextTimeoutEnabled: true})})
+	require.NoError(t, err)
+	b.Close()
+	assert.Contains(t, logs.String(), "cannot publish to the lock channels")
+	assert.Contains(t, logs.String(), "NOPERM")
 }
 
 func newClient(addr string) *goredis.Client {
