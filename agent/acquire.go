@@ -461,6 +461,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Ticket: w.ticket, Deadline: deadline,
 	})
+	a.note(err)
 	var held *backend.HeldError
 	switch {
 	case errors.As(err, &held):
@@ -561,6 +562,7 @@ func (a *Agent) denied(ctx context.Context, name, reason string) AcquireResult {
 		return res
 	}
 	info, err := a.b.Inspect(ctx, name)
+	a.note(err)
 	if err == nil {
 		res.Holders = info.Holders
 	}

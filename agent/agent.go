@@ -142,6 +142,8 @@ type Agent struct {
 	stopping context.Context
 	stop     context.CancelFunc
 	done     chan struct{} // closed when Run has returned
+
+	unavailable atomic.Pointer[unavailability] // see note; nil while the backend answers
 }
 
 // New returns an agent for cfg. It starts nothing: call Run.
@@ -241,6 +243,7 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 // lease will expire there on its own.
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
+	a.note(err)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		return
 	}
@@ -294,6 +297,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
 			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
 			cancel()
+			a.note(err)
 			switch {
 			case err == nil, errors.Is(err, backend.ErrNotHeld):
 				a.log.Info("release done on a later try", "name", l.name, "lease", l.id)

@@ -312,6 +312,38 @@ func TestWaitThroughAnOutage(t *testing.T) {
 	})
 }
 
+// TestBackendErrorInStats: a backend call that cannot reach the backend,
+// of any kind, is what Stats tells of it, until a call reaches it again;
+// with no lease to renew, Degraded cannot tell.
+func TestBackendErrorInStats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, _ := openSession(t, a)
+		assert.Empty(t, a.Stats().BackendError)
+		f.failAcquire.Store(true) // an outage: every call fails
+		f.failRelease.Store(true)
+		_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n"})
+		require.ErrorIs(t, err, backend.ErrUnavailable)
+		time.Sleep(time.Minute) // the give-back of the attempt's possible grant is retried, and fails
+		st := a.Stats()
+		assert.False(t, st.Degraded, "no lease at risk")
+		assert.Contains(t, st.BackendError, "unavailable")
+		assert.False(t, st.BackendErrorAt.IsZero())
+
+		f.failAcquire.Store(false)
+		f.failRelease.Store(false)
+		res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n"})
+		require.NoError(t, err)
+		require.True(t, res.Acquired)
+		assert.Empty(t, a.Stats().BackendError, "reached again")
+
+		f.failRenew.Store(true)
+		time.Sleep(10 * time.Second) // renewals fail, then the lease is lost
+		assert.Contains(t, a.Stats().BackendError, "unavailable", "renewals tell too")
+	})
+}
+
 // TestDegradedEndsWithTheLeasesAtRisk: the backend is degraded while a
 // lease is at risk. When the last one is lost, with no renewal after it
 // to tell, the state clears all the same (the metric and the status

@@ -356,6 +356,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	errs := a.b.Renew(rctx, reqs)
 	cancel()
+	a.noteRenewals(errs)
 	a.observeRenew(errs, time.Since(sent))
 	if ctx.Err() != nil {
 		return // shutting down: every lease is being released
@@ -425,6 +426,20 @@ func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 	}
 }
 
+// noteRenewals notes what a batch of renewals says of the backend (see
+// note): reached if one of them was answered.
+func (a *Agent) noteRenewals(errs []error) {
+	var failed error
+	for _, err := range errs {
+		if !errors.Is(err, backend.ErrUnavailable) {
+			a.note(err)
+			return
+		}
+		failed = err
+	}
+	a.note(failed)
+}
+
 func earliest(t time.Time, more ...time.Time) time.Time {
 	for _, u := range more {
 		if u.Before(t) {
@@ -480,7 +495,7 @@ func (a *Agent) setDegraded(failed bool) {
 		ev = Event{Kind: EventBackend, State: "degraded", Message: "renewals are failing; leases stay valid until their local deadline"}
 		a.log.Warn("backend degraded: renewals are failing")
 	} else {
-		a.log.Info("backend recovered")
+		a.log.Info("no lease is at risk any more: renewals recovered, or the leases at risk are gone")
 	}
 	for _, s := range a.sessions {
 		if len(s.leases) > 0 {

@@ -390,6 +390,7 @@ func (s *Session) Check(ctx context.Context, leaseID string) (CheckResult, error
 	}
 	a.mu.Unlock()
 	info, err := a.b.Inspect(ctx, l.name)
+	a.note(err)
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("check %s: %w", l.name, err)
 	}
@@ -415,6 +416,7 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 		return backend.LockInfo{}, err
 	}
 	info, err := s.a.b.Inspect(ctx, name)
+	s.a.note(err)
 	if err != nil {
 		return backend.LockInfo{}, fmt.Errorf("inspect %s: %w", name, err)
 	}
@@ -434,6 +436,7 @@ func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 	}
 	defer func() { a.auditLog("break", s, "name", name, "broken", n, "error", err) }()
 	info, err := a.b.Inspect(ctx, name)
+	a.note(err)
 	if err != nil {
 		return 0, fmt.Errorf("break %s: %w", name, err)
 	}

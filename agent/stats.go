@@ -1,5 +1,13 @@
 package agent
 
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/lockagent/lockagent/backend"
+)
+
 // Stats is a snapshot of what the agent holds, for the service manager's
 // status line.
 type Stats struct {
@@ -7,6 +15,14 @@ type Stats struct {
 	Leases   int  // leases held across every session
 	Waiters  int  // acquires waiting in a queue
 	Degraded bool // renewals are failing: some lease's last renewal had an unknown outcome
+
+	// The error of the last backend call, of any kind, that found the
+	// backend unavailable, and when it failed; "" once a call succeeds.
+	// Renewals tell Degraded, and only while leases are at risk; this
+	// tells of a backend that acquires, releases and inspects cannot
+	// reach, with no lease to renew.
+	BackendError   string
+	BackendErrorAt time.Time
 }
 
 // Stats takes a snapshot under the agent's lock. It is also how the daemon
@@ -16,5 +32,28 @@ type Stats struct {
 func (a *Agent) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return Stats{Sessions: len(a.sessions), Leases: len(a.leases), Waiters: a.waiters, Degraded: a.degraded}
+	st := Stats{Sessions: len(a.sessions), Leases: len(a.leases), Waiters: a.waiters, Degraded: a.degraded}
+	if f := a.unavailable.Load(); f != nil {
+		st.BackendError, st.BackendErrorAt = f.err.Error(), f.at
+	}
+	return st
+}
+
+// unavailability is a backend call's failure to reach the backend.
+type unavailability struct {
+	err error
+	at  time.Time
+}
+
+// note records what the outcome of a backend call says of the backend:
+// unreachable (ErrUnavailable), or reached (any other outcome, a denial
+// or a lease not held included, but a cancellation, which says nothing).
+func (a *Agent) note(err error) {
+	switch {
+	case errors.Is(err, backend.ErrUnavailable):
+		a.unavailable.Store(&unavailability{err, time.Now()})
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case a.unavailable.Load() != nil:
+		a.unavailable.Store(nil)
+	}
 }

@@ -12,9 +12,12 @@ type statusResult struct {
 	UptimeMs     int64  `json:"uptime_ms"`
 	Backend      string `json:"backend"`
 	BackendState string `json:"backend_state"` // ok or degraded
-	Sessions     int    `json:"sessions"`
-	Leases       int    `json:"leases"`
-	Waiters      int    `json:"waiters"`
+	// The last backend call that could not reach it, while none has since.
+	BackendError      string `json:"backend_error,omitempty"`
+	BackendErrorAgoMs int64  `json:"backend_error_ago_ms,omitempty"`
+	Sessions          int    `json:"sessions"`
+	Leases            int    `json:"leases"`
+	Waiters           int    `json:"waiters"`
 }
 
 // status reports the agent's version, uptime, backend and its state, and
@@ -26,7 +29,7 @@ func (c *conn) status(_ context.Context, id json.RawMessage, _ *request) bool {
 	if st.Degraded {
 		state = "degraded"
 	}
-	c.reply(id, statusResult{
+	res := statusResult{
 		Version:      info.Version,
 		UptimeMs:     time.Since(a.Started()).Milliseconds(),
 		Backend:      info.Backend,
@@ -34,6 +37,11 @@ func (c *conn) status(_ context.Context, id json.RawMessage, _ *request) bool {
 		Sessions:     st.Sessions,
 		Leases:       st.Leases,
 		Waiters:      st.Waiters,
-	}, nil)
+	}
+	if st.BackendError != "" {
+		res.BackendError = st.BackendError
+		res.BackendErrorAgoMs = max(time.Since(st.BackendErrorAt).Milliseconds(), 1)
+	}
+	c.reply(id, res, nil)
 	return true
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -261,6 +262,8 @@ type statusResult struct {
 	UptimeMs     int64  `json:"uptime_ms"`
 	Backend      string `json:"backend"`
 	BackendState string `json:"backend_state"`
+	BackendError string `json:"backend_error"`
+	ErrorAgoMs   int64  `json:"backend_error_ago_ms"`
 	Sessions     int    `json:"sessions"`
 	Leases       int    `json:"leases"`
 	Waiters      int    `json:"waiters"`
@@ -273,19 +276,31 @@ func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) e
 		return err
 	}
 	defer c.Close()
-	var res statusResult
-	if err := c.Call(ctx, "status", nil, &res); err != nil {
+	var raw json.RawMessage
+	if err := c.Call(ctx, "status", nil, &raw); err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		// Every field the agent sends, as it sends it.
+		var out bytes.Buffer
+		if err := json.Indent(&out, raw, "", "  "); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		out.WriteByte('\n')
+		_, err := out.WriteTo(stdout)
+		return err
+	}
+	var res statusResult
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("status: %w", err)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 1, ' ', 0)
 	fmt.Fprintf(tw, "version:\t%s\n", res.Version)
 	fmt.Fprintf(tw, "uptime:\t%s\n", (time.Duration(res.UptimeMs) * time.Millisecond).Round(time.Second))
 	fmt.Fprintf(tw, "backend:\t%s (%s)\n", res.Backend, res.BackendState)
+	if res.BackendError != "" {
+		fmt.Fprintf(tw, "backend error:\t%s ago: %s\n", (time.Duration(res.ErrorAgoMs) * time.Millisecond).Round(time.Second), res.BackendError)
+	}
 	fmt.Fprintf(tw, "sessions:\t%d\n", res.Sessions)
 	fmt.Fprintf(tw, "leases:\t%d\n", res.Leases)
 	fmt.Fprintf(tw, "waiters:\t%d\n", res.Waiters)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -138,6 +139,44 @@ func TestWaiterThroughARedisRestart(t *testing.T) {
 	require.True(t, g.l.Acquired)
 	assert.Greater(t, g.l.Token, held.Token)
 	t.Logf("Redis down 2s with a waiter queued: it got the name %s after the restart", msString(g.at.Sub(restarted)))
+}
+
+// TestStatusWhileRedisIsDown: with no lease to renew, an agent whose
+// Redis is down says so in ctl status (the last call that failed, and
+// when), and stops saying it once a call reaches Redis again.
+func TestStatusWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	a := opsAgent(t, fmt.Sprintf("  addresses = [%q]", srv.Addr()))
+	app := a.client(t, "status-app")
+	status := func() (string, statusResult) {
+		r := lockagent(t, a.env.clientEnv(), "ctl", "status")
+		requireCode(t, 0, r, "ctl status")
+		rj := lockagent(t, a.env.clientEnv(), "ctl", "status", "-json")
+		requireCode(t, 0, rj, "ctl status -json")
+		var st statusResult
+		require.NoError(t, json.Unmarshal([]byte(rj.stdout), &st), rj.stdout)
+		return r.stdout, st
+	}
+	text, st := status()
+	assert.NotContains(t, text, "backend error")
+	assert.Empty(t, st.BackendError)
+
+	srv.Kill()
+	err := app.Call(t.Context(), "acquire", map[string]any{"name": "status/x"}, nil)
+	var se *socketapi.Error
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, "backend_unavailable", se.Code)
+	text, st = status()
+	assert.Regexp(t, `(?m)^backend: +redis \(ok\)\nbackend error: +\d+s ago: .*unavailable`, text, "renewals are fine: there are none")
+	assert.Contains(t, st.BackendError, "unavailable")
+	assert.Positive(t, st.ErrorAgoMs)
+
+	srv.Restart(t)
+	acquireSoon(t, app, "status/x", callTimeout)
+	text, st = status()
+	assert.NotContains(t, text, "backend error")
+	assert.Empty(t, st.BackendError)
 }
 
 // TestWaiterAfterItsSubscriptionDied (redis.md section 7, case 23): the

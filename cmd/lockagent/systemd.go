@@ -78,8 +78,11 @@ func (n *notifier) notify(lines ...string) {
 // statusLine is what `systemctl status` shows of the agent.
 func (n *notifier) statusLine(st agent.Stats) string {
 	backend := "ok"
-	if st.Degraded {
+	switch {
+	case st.Degraded:
 		backend = "degraded (renewals failing)"
+	case st.BackendError != "":
+		backend = "unreachable (the last call failed)"
 	}
 	return fmt.Sprintf("STATUS=%d sessions, %d leases, %d waiting; backend %s: %s", st.Sessions, st.Leases, st.Waiters, n.backend, backend)
 }

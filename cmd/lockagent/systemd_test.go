@@ -159,6 +159,8 @@ func TestStatusLineFollowsTheAgent(t *testing.T) {
 		time.Sleep(time.Second)
 		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1})
 		time.Sleep(time.Second)
+		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1, BackendError: "backend: unavailable"})
+		time.Sleep(time.Second)
 
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -174,6 +176,7 @@ func TestStatusLineFollowsTheAgent(t *testing.T) {
 			"STATUS=0 sessions, 0 leases, 0 waiting; backend memory: ok",
 			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: degraded (renewals failing)",
 			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: ok",
+			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: unreachable (the last call failed)",
 		}, status)
 		assert.Equal(t, "READY=1\nSTATUS=0 sessions, 0 leases, 0 waiting; backend memory: ok", r.msgs[0].msg)
 		assert.Equal(t, "WATCHDOG=1\n"+status[1], r.msgs[3].msg, "fed at 500ms, 1s, then at 1.5s with the new status")
