@@ -28,6 +28,9 @@ const WaitForever time.Duration = -1
 // notification: the backstop if one is lost.
 const maxPoll = time.Second
 
+// deniedInspectTimeout bounds the wait for the holders of a denial.
+const deniedInspectTimeout = 2 * time.Second
+
 // unavailableBackoff is how soon a waiting acquire asks again after the
 // backend was unavailable; it doubles with each failure, up to maxPoll.
 const unavailableBackoff = 50 * time.Millisecond
@@ -119,6 +122,12 @@ type waiter struct {
 	queued   bool          // in the name's queue (a waiting acquire, not a try)
 	ticket   string        // its place in the backend's queue, when queued
 	wake     chan struct{} // a value when the queue ahead changed; nil for a try
+	// unknown is a queued waiter's last attempt whose outcome is unknown
+	// (the backend was unavailable): the next attempt asks again with its
+	// lease id, which a grant made all the same answers, and wait gives it
+	// back, once, should the wait end without it. Only wait's goroutine
+	// uses it.
+	unknown *lease
 
 	// Guarded by Agent.mu.
 	asked   bool // it has asked the backend: its ticket may be queued there
@@ -319,7 +328,15 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
 	var failed error // the last attempt's, while the backend is unavailable
+	var retryAt time.Time
 	backoff := unavailableBackoff
+	defer func() {
+		if w.unknown != nil {
+			a.mu.Lock()
+			a.releaseLater([]*lease{w.unknown})
+			a.mu.Unlock()
+		}
+	}()
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
@@ -338,7 +355,11 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				return AcquireResult{}, err
 			}
 		}
-		if ok {
+		if ok && failed != nil && time.Now().Before(retryAt) {
+			// Backing off after an outage: woken early (the queue ahead
+			// changed, a notification), it asks again only at retryAt.
+			poll.Reset(time.Until(retryAt))
+		} else if ok {
 			if freed == nil {
 				ch, stop, err := a.b.Watch(ctx, w.req.Name, w.ticket)
 				if err != nil {
@@ -370,7 +391,8 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 						"name", w.req.Name, "uid", peer.UID, "error", err)
 				}
 				failed = err
-				poll.Reset(min(backoff, w.req.TTL/3))
+				retryAt = time.Now().Add(min(backoff, w.req.TTL/3))
+				poll.Reset(time.Until(retryAt))
 				backoff = min(2*backoff, maxPoll)
 			case err != nil:
 				return AcquireResult{}, err
@@ -382,12 +404,6 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				poll.Reset(min(max(retryIn, time.Millisecond), maxPoll, w.req.TTL/3))
 			}
 		}
-		wake, notified := w.wake, freed
-		if failed != nil {
-			// Backing off: a release of the failed attempt's possible
-			// grant must not make it ask again at once.
-			wake, notified = nil, nil
-		}
 		select {
 		case <-ctx.Done():
 			return AcquireResult{}, ctx.Err()
@@ -396,8 +412,8 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				return AcquireResult{}, failed
 			}
 			return a.denied(ctx, w.req.Name, ReasonTimeout), nil
-		case <-wake:
-		case <-notified:
+		case <-w.wake:
+		case <-freed:
 		case <-poll.C:
 		}
 	}
@@ -445,8 +461,12 @@ var errWaitOver = errors.New("agent: the wait is over")
 // wait ends, if until is set (then the error is errWaitOver).
 func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease, time.Duration, error) {
 	s, req := w.s, w.req
+	id := newID("l_")
+	if w.unknown != nil {
+		id = w.unknown.id // see waiter.unknown
+	}
 	l := &lease{
-		id: newID("l_"), name: req.Name, mode: req.Mode, scope: req.Scope,
+		id: id, name: req.Name, mode: req.Mode, scope: req.Scope,
 		ttl: req.TTL, meta: req.Meta, session: s, camp: w.camp, index: -1,
 	}
 	sent := time.Now()
@@ -465,7 +485,17 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	var held *backend.HeldError
 	switch {
 	case errors.As(err, &held):
+		w.unknown = nil // the lease id holds nothing
 		return nil, held.RetryIn, nil
+	case err != nil && w.queued && errors.Is(err, backend.ErrUnavailable) && ctx.Err() == nil:
+		// The grant may have been made all the same (an answer lost on
+		// the way): the wait asks again with its lease id, or gives it
+		// back when it ends.
+		w.unknown = l
+		if !until.IsZero() && !time.Now().Before(until) {
+			return nil, 0, errWaitOver
+		}
+		return nil, 0, fmt.Errorf("acquire %s: %w", req.Name, err)
 	case err != nil:
 		// The grant may have been made all the same (an answer lost on
 		// the way): release it rather than leave the name blocked.
@@ -477,6 +507,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		}
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
+	w.unknown = nil // l has its id: granted, or released below
 	now := time.Now()
 	l.token = g.Token
 	l.granted = now
@@ -561,6 +592,9 @@ func (a *Agent) denied(ctx context.Context, name, reason string) AcquireResult {
 	if ctx.Err() != nil {
 		return res
 	}
+	// The denial is the answer; its holders are worth a short wait only.
+	ctx, cancel := context.WithTimeout(ctx, deniedInspectTimeout)
+	defer cancel()
 	info, err := a.b.Inspect(ctx, name)
 	a.note(err)
 	if err == nil {

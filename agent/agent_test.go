@@ -39,6 +39,7 @@ type faulty struct {
 	lateAnswer   atomic.Bool  // a renewal is answered only when its context ends (see Renew)
 	failAcquire  atomic.Bool  // acquires fail with ErrUnavailable, not applied
 	acquireCalls atomic.Int64
+	releaseCalls atomic.Int64
 
 	mu       sync.Mutex
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
@@ -97,6 +98,7 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 }
 
 func (f *faulty) Release(ctx context.Context, l backend.Lease) error {
+	f.releaseCalls.Add(1)
 	if f.failRelease.Load() {
 		return fmt.Errorf("release %s: %w", l.Name, backend.ErrUnavailable)
 	}
@@ -282,8 +284,10 @@ func TestWaitThroughAnOutage(t *testing.T) {
 			forever <- outcome{res, err, time.Now()}
 		}()
 		synctest.Wait()
-		f.failAcquire.Store(true)
 		require.NoError(t, holder.Release(context.Background(), held.ID))
+		f.failAcquire.Store(true) // an outage: every call fails
+		f.failRelease.Store(true)
+		releases := f.releaseCalls.Load()
 		other, _ := openSession(t, a)
 		start := time.Now()
 		go func() {
@@ -304,11 +308,41 @@ func TestWaitThroughAnOutage(t *testing.T) {
 		calls := f.acquireCalls.Load()
 		time.Sleep(10 * time.Second)
 		assert.LessOrEqual(t, f.acquireCalls.Load()-calls, int64(11), "backing off: about one attempt a second")
+		// Each failed attempt may have been granted all the same: the
+		// next asks again with its lease id, and only the wait that ended
+		// gives its last one back (retrying that release, backing off).
+		assert.LessOrEqual(t, f.releaseCalls.Load()-releases, int64(12), "no release per attempt")
 		f.failAcquire.Store(false)
+		f.failRelease.Store(false)
 		time.Sleep(time.Second)
 		o = <-forever
 		require.NoError(t, o.err)
 		assert.True(t, o.res.Acquired, "granted once the backend is back")
+	})
+}
+
+// TestSessionEndsDuringABackoff: a waiter backing off after an outage
+// hears at once that its session ended, though it asks the backend again
+// only later.
+func TestSessionEndsDuringABackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		holder, _ := openSession(t, a)
+		mustAcquire(t, holder, agent.AcquireRequest{Name: "n"})
+		s, c := openSession(t, a)
+		f.failAcquire.Store(true)
+		f.failRelease.Store(true)
+		ended := make(chan time.Time, 1)
+		go func() {
+			_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: agent.WaitForever})
+			assert.ErrorIs(t, err, agent.ErrSessionEnded)
+			ended <- time.Now()
+		}()
+		time.Sleep(3*time.Second + 100*time.Millisecond) // backing off, up to a second
+		bye := time.Now()
+		s.Bye(context.Background(), c)
+		assert.Equal(t, bye, <-ended, "at once")
 	})
 }
 
@@ -339,7 +373,7 @@ func TestBackendErrorInStats(t *testing.T) {
 		assert.Empty(t, a.Stats().BackendError, "reached again")
 
 		f.failRenew.Store(true)
-		time.Sleep(10 * time.Second) // renewals fail, then the lease is lost
+		time.Sleep(10 * time.Second) // renewals fail
 		assert.Contains(t, a.Stats().BackendError, "unavailable", "renewals tell too")
 	})
 }

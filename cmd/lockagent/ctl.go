@@ -25,22 +25,29 @@ const helloTimeout = 5 * time.Second
 // socketapi.SocketPath finds it, and says hello as client. Its errors say
 // what to do about them.
 func dial(ctx context.Context, socket, client string) (*socketapi.Client, error) {
+	c, _, err := dialInfo(ctx, socket, client)
+	return c, err
+}
+
+// dialInfo is dial, and tells what the agent said of itself.
+func dialInfo(ctx context.Context, socket, client string) (*socketapi.Client, socketapi.AgentInfo, error) {
 	path := socketapi.SocketPath(socket)
 	c, err := socketapi.Dial(ctx, path)
 	if err != nil {
-		return nil, reachError(path, err)
+		return nil, socketapi.AgentInfo{}, reachError(path, err)
 	}
 	hctx, cancel := context.WithTimeout(ctx, helloTimeout)
 	defer cancel()
-	if _, err := c.Hello(hctx, socketapi.HelloOptions{Client: client}); err != nil {
+	s, err := c.Hello(hctx, socketapi.HelloOptions{Client: client})
+	if err != nil {
 		c.Close()
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("the agent at %s accepted the connection but did not answer in %s: "+
+			return nil, socketapi.AgentInfo{}, fmt.Errorf("the agent at %s accepted the connection but did not answer in %s: "+
 				"see its log (journalctl -u lockagent, systemctl status lockagent)", path, helloTimeout)
 		}
-		return nil, fmt.Errorf("hello to the agent at %s: %w", path, err)
+		return nil, socketapi.AgentInfo{}, fmt.Errorf("hello to the agent at %s: %w", path, err)
 	}
-	return c, nil
+	return c, s.Agent, nil
 }
 
 // reachError explains why the socket at path could not be connected to.

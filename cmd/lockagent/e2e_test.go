@@ -623,6 +623,19 @@ func TestClientCommandsWithoutAgent(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 5*time.Second)
 }
 
+// queued tells whether a session of client has one acquire waiting.
+func queued(t *testing.T, c *socketapi.Client, client string) bool {
+	t.Helper()
+	var res listJSON
+	call(t, c, "list", nil, &res)
+	for _, s := range res.Sessions {
+		if s.Client == client && len(s.Waiting) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
 func TestRun(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t)
@@ -678,16 +691,7 @@ func TestRun(t *testing.T) {
 	t.Run("waits then runs", func(t *testing.T) {
 		l := mustAcquire(t, c, "run/later", nil)
 		p := startProc(t, "run", env, lockagentBin, "run", "-wait", "5s", "run/later", "--", "sh", "-c", `echo "got $LOCKAGENT_TOKEN"`)
-		eventually(t, exitTimeout, "run waits for run/later", func() bool {
-			var res listJSON
-			call(t, c, "list", nil, &res)
-			for _, s := range res.Sessions {
-				if s.Client == "lockagent run" && len(s.Waiting) == 1 {
-					return true
-				}
-			}
-			return false
-		})
+		eventually(t, exitTimeout, "run waits for run/later", func() bool { return queued(t, c, "lockagent run") })
 		require.False(t, p.exited())
 		call(t, c, "release", map[string]any{"lease": l.Lease}, nil)
 		require.Equal(t, 0, p.wait(t, exitTimeout))
@@ -787,15 +791,19 @@ func TestRun(t *testing.T) {
 		a := e.start(t)
 		holder := dialAgent(t, e.socket, "e2e-holder")
 		mustAcquire(t, holder, "run/stopped", nil)
+		start := time.Now()
+		p := startProc(t, "run", e.clientEnv(), lockagentBin, "run", "-wait", "200ms", "-ttl", "1s", "run/stopped", "--", "sh", "-c", "echo ran")
+		eventually(t, exitTimeout, "run waits for run/stopped", func() bool {
+			return len(inspect(t, holder, "run/stopped").Holders) == 1 && queued(t, holder, "lockagent run")
+		})
+		// Stopped with run's acquire under way, the agent never answers it.
 		a.signal(t, syscall.SIGSTOP)
 		defer a.signal(t, syscall.SIGCONT)
-		start := time.Now()
-		r := lockagent(t, e.clientEnv(), "run", "-wait", "200ms", "run/stopped", "--", "sh", "-c", "echo ran")
+		require.Equal(t, 1, p.wait(t, exitTimeout+helloTimeout), "run's exit status")
 		took := time.Since(start)
-		requireCode(t, 1, r, "run -wait against an agent that does not answer")
-		require.Contains(t, r.stderr, "did not answer")
-		require.Less(t, took, 200*time.Millisecond+helloTimeout+2*time.Second, "bounded by -wait and the hello timeout")
-		require.Empty(t, r.stdout)
+		require.Contains(t, p.stderr.String(), "no answer within -wait and 6s more")
+		require.Less(t, took, 200*time.Millisecond+time.Second+helloTimeout+2*time.Second, "bounded by -wait, -ttl and the hello timeout")
+		require.Empty(t, p.stdout.String())
 	})
 
 	t.Run("shared", func(t *testing.T) {

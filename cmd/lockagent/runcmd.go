@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -78,10 +79,11 @@ func runCmd(args []string, stderr io.Writer) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var c *socketapi.Client
+	var info socketapi.AgentInfo
 	err := untilSignal(cancel, sigs, func() (err error) {
 		cctx, ccancel := context.WithTimeout(ctx, connectTimeout)
 		defer ccancel()
-		c, err = dial(cctx, *socket, "lockagent run")
+		c, info, err = dialInfo(cctx, *socket, "lockagent run")
 		return err
 	})
 	if err != nil {
@@ -94,12 +96,16 @@ func runCmd(args []string, stderr io.Writer) error {
 
 	req := map[string]any{"name": name, "wait_ms": -1}
 	actx := ctx
+	var allowance time.Duration
 	if given["wait"] {
 		req["wait_ms"] = wait.Milliseconds()
 		// An agent that stops answering (stopped, hung) must not hold run
-		// past its -wait by long.
+		// past its -wait by long. An attempt may take until the grant's
+		// local deadline, about a TTL, when the backend is slow (a
+		// failover): beyond that and the hello's timeout, it is stuck.
+		allowance = cmp.Or(*ttl, info.DefaultTTL) + helloTimeout
 		var acancel context.CancelFunc
-		actx, acancel = context.WithTimeout(ctx, *wait+helloTimeout)
+		actx, acancel = context.WithTimeout(ctx, *wait+allowance)
 		defer acancel()
 	}
 	if *shared {
@@ -122,7 +128,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	case badArgument(err):
 		return usageError{fmt.Sprintf("%s: %v", name, err)}
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: the agent did not answer within -wait and %s more", name, helloTimeout)
+		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
 	case err != nil:
 		return fmt.Errorf("%s: %w", name, err)
 	case !res.Acquired:

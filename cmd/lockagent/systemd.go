@@ -82,7 +82,7 @@ func (n *notifier) statusLine(st agent.Stats) string {
 	case st.Degraded:
 		backend = "degraded (renewals failing)"
 	case st.BackendError != "":
-		backend = "unreachable (the last call failed)"
+		backend = "unavailable (a call failed at " + st.BackendErrorAt.Format(time.TimeOnly) + ")"
 	}
 	return fmt.Sprintf("STATUS=%d sessions, %d leases, %d waiting; backend %s: %s", st.Sessions, st.Leases, st.Waiters, n.backend, backend)
 }

@@ -159,7 +159,7 @@ func TestStatusLineFollowsTheAgent(t *testing.T) {
 		time.Sleep(time.Second)
 		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1})
 		time.Sleep(time.Second)
-		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1, BackendError: "backend: unavailable"})
+		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1, BackendError: "backend: unavailable", BackendErrorAt: time.Date(2026, 12, 1, 6, 30, 5, 0, time.Local)})
 		time.Sleep(time.Second)
 
 		r.mu.Lock()
@@ -176,7 +176,7 @@ func TestStatusLineFollowsTheAgent(t *testing.T) {
 			"STATUS=0 sessions, 0 leases, 0 waiting; backend memory: ok",
 			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: degraded (renewals failing)",
 			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: ok",
-			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: unreachable (the last call failed)",
+			"STATUS=3 sessions, 2 leases, 1 waiting; backend memory: unavailable (a call failed at 06:30:05)",
 		}, status)
 		assert.Equal(t, "READY=1\nSTATUS=0 sessions, 0 leases, 0 waiting; backend memory: ok", r.msgs[0].msg)
 		assert.Equal(t, "WATCHDOG=1\n"+status[1], r.msgs[3].msg, "fed at 500ms, 1s, then at 1.5s with the new status")
