@@ -460,13 +460,19 @@ func TestWaitForReplicas(t *testing.T) {
 }
 
 // TestClusterConformance: the suite passes on a three-primary Cluster,
-// where names land on different primaries.
+// where names land on different primaries, as a user with only the
+// permissions docs/redis.md asks for.
 func TestClusterConformance(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
+	// As a user with only the permissions docs/redis.md asks for on Cluster.
+	for _, node := range cl.Nodes() {
+		require.NoError(t, node.Client(t).Do(context.Background(), "ACL", "SETUSER", "lockagent", "on", ">pw", "resetchannels", "~c*", "&c*",
+			"+@read", "+@write", "+@scripting", "+@pubsub", "+@connection", "+time", "+cluster|slots").Err())
+	}
 	n := 0
 	backendtest.Run(t, func(t *testing.T) backend.Backend {
 		n++
-		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), Username: "lockagent", Password: "pw", ContextTimeoutEnabled: true})
 		b := open(t, c, fmt.Sprintf("c%d", n))
 		t.Cleanup(func() { b.Close() })
 		return b
