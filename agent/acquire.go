@@ -463,7 +463,9 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	s, req := w.s, w.req
 	id := newID("l_")
 	if w.unknown != nil {
-		id = w.unknown.id // see waiter.unknown
+		// See waiter.unknown: this attempt takes its place, and gives it
+		// back itself on any outcome but another outage.
+		id, w.unknown = w.unknown.id, nil
 	}
 	l := &lease{
 		id: id, name: req.Name, mode: req.Mode, scope: req.Scope,

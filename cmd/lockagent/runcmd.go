@@ -103,7 +103,7 @@ func runCmd(args []string, stderr io.Writer) error {
 		// past its -wait by long. An attempt may take until the grant's
 		// local deadline, about a TTL, when the backend is slow (a
 		// failover): beyond that and the hello's timeout, it is stuck.
-		allowance = cmp.Or(*ttl, info.DefaultTTL) + helloTimeout
+		allowance = min(cmp.Or(*ttl, info.DefaultTTL), maxAttempt) + helloTimeout
 		var acancel context.CancelFunc
 		actx, acancel = context.WithTimeout(ctx, *wait+allowance)
 		defer acancel()
@@ -128,7 +128,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	case badArgument(err):
 		return usageError{fmt.Sprintf("%s: %v", name, err)}
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
+		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL, at most 30s, and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
 	case err != nil:
 		return fmt.Errorf("%s: %w", name, err)
 	case !res.Acquired:
@@ -261,6 +261,10 @@ func (c *command) relay(sig os.Signal) {
 	}
 	c.signal(sig.(syscall.Signal))
 }
+
+// maxAttempt caps the time run allows an attempt beyond -wait, however
+// long the TTL: a stuck agent must not hold run for hours.
+const maxAttempt = 30 * time.Second
 
 // badArgument tells whether the agent refused a request for its arguments
 // (the name, the TTL): a mistake on the command line.
