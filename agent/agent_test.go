@@ -284,8 +284,8 @@ func TestWaitThroughAnOutage(t *testing.T) {
 			forever <- outcome{res, err, time.Now()}
 		}()
 		synctest.Wait()
+		f.failAcquire.Store(true) // an outage: every call fails (the release just before it too)
 		require.NoError(t, holder.Release(context.Background(), held.ID))
-		f.failAcquire.Store(true) // an outage: every call fails
 		f.failRelease.Store(true)
 		releases := f.releaseCalls.Load()
 		other, _ := openSession(t, a)
