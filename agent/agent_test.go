@@ -193,6 +193,12 @@ func TestRenewalKeepsLeasesAlive(t *testing.T) {
 	})
 }
 
+// margin is how much sooner than the backend the agent gives a lease up:
+// 1% drift, 2ms of expiry precision, 50ms to deliver the event.
+func margin(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond + 50*time.Millisecond
+}
+
 // TestLostAtLocalDeadline: when renewals fail, the session is told the
 // backend is degraded, then the lease is lost at the local deadline: before
 // the backend's own expiry, so before anybody else could be granted it.
@@ -220,11 +226,9 @@ func TestLostAtLocalDeadline(t *testing.T) {
 		assert.Equal(t, l.Token, lost.Token)
 
 		// The backend keeps the lease ttl after the last renewal that
-		// succeeded was sent; the agent gives it up a margin earlier:
-		// 1% drift, 2ms of expiry precision, 50ms to deliver the event.
+		// succeeded was sent; the agent gives it up a margin earlier.
 		lastGood := time.Unix(0, f.lastRenewOK.Load())
-		margin := ttl/100 + 2*time.Millisecond + 50*time.Millisecond
-		assert.Equal(t, lastGood.Add(ttl-margin), lost.at, "lost exactly at the local deadline")
+		assert.Equal(t, lastGood.Add(ttl-margin(ttl)), lost.at, "lost exactly at the local deadline")
 		assert.True(t, lost.at.After(failedFrom), "not before renewals failed")
 
 		_, err := s.Check(context.Background(), l.ID)
@@ -254,8 +258,7 @@ func TestRenewalAnsweredAtTheDeadline(t *testing.T) {
 		lost := evs[1]
 		assert.Equal(t, agent.EventLost, lost.Kind)
 		assert.Equal(t, agent.ReasonBackendUnavailable, lost.Reason, "the answer came too late")
-		margin := ttl/100 + 2*time.Millisecond + 50*time.Millisecond
-		assert.Equal(t, granted.Add(ttl-margin), lost.at, "lost at the local deadline, not extended")
+		assert.Equal(t, granted.Add(ttl-margin(ttl)), lost.at, "lost at the local deadline, not extended")
 		_, err := s.Check(context.Background(), l.ID)
 		assert.ErrorIs(t, err, agent.ErrNotHeld)
 		assert.GreaterOrEqual(t, f.renewCalls.Load(), int64(2), "a renewal failed, and one was tried again")
