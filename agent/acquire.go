@@ -385,7 +385,12 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 			case errors.Is(err, backend.ErrUnavailable) && ctx.Err() == nil:
 				// An outage (a restart, a failover) does not end a wait:
 				// the backend is asked again, backing off, until the wait
-				// ends, when the acquire fails with this error.
+				// ends, when the acquire fails with this error. An
+				// attempt left unanswered until the wait ended fails it
+				// so too: whether the name was free is unknown.
+				if !until.IsZero() && !time.Now().Before(until) {
+					return AcquireResult{}, err
+				}
 				if failed == nil {
 					a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "waiting acquire: the backend is unavailable; asking again until the wait ends",
 						"name", w.req.Name, "uid", peer.UID, "error", err)
@@ -494,9 +499,6 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		// the way): the wait asks again with its lease id, or gives it
 		// back when it ends.
 		w.unknown = l
-		if !until.IsZero() && !time.Now().Before(until) {
-			return nil, 0, errWaitOver
-		}
 		return nil, 0, fmt.Errorf("acquire %s: %w", req.Name, err)
 	case err != nil:
 		// The grant may have been made all the same (an answer lost on

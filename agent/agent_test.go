@@ -38,6 +38,7 @@ type faulty struct {
 	failRelease  atomic.Bool  // releases fail with ErrUnavailable
 	lateAnswer   atomic.Bool  // a renewal is answered only when its context ends (see Renew)
 	failAcquire  atomic.Bool  // acquires fail with ErrUnavailable, not applied
+	hangAcquire  atomic.Bool  // acquires go unanswered until their deadline, not applied
 	acquireCalls atomic.Int64
 	releaseCalls atomic.Int64
 
@@ -88,6 +89,13 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 	f.acquireCalls.Add(1)
 	if f.failAcquire.Load() {
 		return backend.Grant{}, fmt.Errorf("acquire %s: %w", req.Name, backend.ErrUnavailable)
+	}
+	if f.hangAcquire.Load() {
+		select {
+		case <-time.After(time.Until(req.Deadline)):
+		case <-ctx.Done():
+		}
+		return backend.Grant{}, fmt.Errorf("acquire %s: %w: no answer", req.Name, backend.ErrUnavailable)
 	}
 	g, err := f.Backend.Acquire(ctx, req)
 	time.Sleep(time.Duration(f.acquireDelay.Load()))
@@ -321,6 +329,23 @@ func TestWaitThroughAnOutage(t *testing.T) {
 		o = <-forever
 		require.NoError(t, o.err)
 		assert.True(t, o.res.Acquired, "granted once the backend is back")
+	})
+}
+
+// TestWaitEndsUnanswered: a wait whose one attempt the backend leaves
+// unanswered until the wait ends fails as backend_unavailable, not as a
+// timeout, which would say the name stayed held.
+func TestWaitEndsUnanswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, _ := openSession(t, a)
+		f.hangAcquire.Store(true)
+		start := time.Now()
+		res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n", Wait: 2 * time.Second})
+		require.ErrorIs(t, err, backend.ErrUnavailable, "%+v", res)
+		assert.Equal(t, 2*time.Second, time.Since(start), "at the end of its wait")
+		assert.Equal(t, int64(1), f.acquireCalls.Load())
 	})
 }
 
