@@ -58,9 +58,13 @@ type Redis struct {
 	// PasswordCredential names a systemd credential (LoadCredential=)
 	// holding the password, read from $CREDENTIALS_DIRECTORY.
 	PasswordCredential string
-	DB                 int
-	KeyPrefix          string
-	TLS                *TLS // nil: plain TCP
+	// The sentinels' own credentials (Sentinel only), like the servers'.
+	SentinelUsername           string
+	SentinelPasswordFile       string
+	SentinelPasswordCredential string
+	DB                         int
+	KeyPrefix                  string
+	TLS                        *TLS // nil: plain TCP
 	// WaitReplicas, when above 0, is how many replicas must have a grant
 	// (Redis's WAIT) within WaitTimeout for it to be handed out; else it
 	// is released and the acquire fails. Not with Cluster.

@@ -205,12 +205,14 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.block(field, b, nil)
 		*be = Backend{Kind: "memory"}
 	case "redis":
-		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "password_credential", "db", "key_prefix", "wait_replicas", "wait_timeout"},
+		content := d.block(field, b, []string{"addresses", "master_name", "cluster", "username", "password", "password_file", "password_credential", "sentinel_username", "sentinel_password", "sentinel_password_file", "sentinel_password_credential", "db", "key_prefix", "wait_replicas", "wait_timeout"},
 			hcl.BlockHeaderSchema{Type: "tls"})
 		a := content.Attributes
-		if attr := a["password"]; attr != nil {
-			// Listed in the schema only to explain why it is refused.
-			d.failf(field+".password", attr.NameRange, "a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential")
+		for _, pw := range []string{"password", "sentinel_password"} {
+			if attr := a[pw]; attr != nil {
+				// Listed in the schema only to explain why it is refused.
+				d.failf(field+"."+pw, attr.NameRange, "a password is never written in the config; put it in a file and set %[1]s_file, or in a systemd credential and set %[1]s_credential", pw)
+			}
 		}
 		r := &Redis{KeyPrefix: "lockagent", WaitTimeout: defaultWaitTimeout}
 		d.strs(field+".addresses", a["addresses"], &r.Addresses)
@@ -219,6 +221,9 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.str(field+".username", a["username"], &r.Username)
 		d.str(field+".password_file", a["password_file"], &r.PasswordFile)
 		d.str(field+".password_credential", a["password_credential"], &r.PasswordCredential)
+		d.str(field+".sentinel_username", a["sentinel_username"], &r.SentinelUsername)
+		d.str(field+".sentinel_password_file", a["sentinel_password_file"], &r.SentinelPasswordFile)
+		d.str(field+".sentinel_password_credential", a["sentinel_password_credential"], &r.SentinelPasswordCredential)
 		d.integer(field+".db", a["db"], &r.DB)
 		d.str(field+".key_prefix", a["key_prefix"], &r.KeyPrefix)
 		d.integer(field+".wait_replicas", a["wait_replicas"], &r.WaitReplicas)

@@ -201,11 +201,27 @@ func (r *Redis) problems() []*fieldError {
 	case r.Cluster && r.DB != 0:
 		bad("db", "must be 0 with Redis Cluster")
 	}
-	if r.PasswordFile != "" && r.PasswordCredential != "" {
-		bad("password_credential", "password_file and password_credential exclude each other")
+	for _, pw := range []struct{ prefix, file, credential string }{
+		{"", r.PasswordFile, r.PasswordCredential},
+		{"sentinel_", r.SentinelPasswordFile, r.SentinelPasswordCredential},
+	} {
+		if pw.file != "" && pw.credential != "" {
+			bad(pw.prefix+"password_credential", "%[1]spassword_file and %[1]spassword_credential exclude each other", pw.prefix)
+		}
+		if c := pw.credential; c != "" && (strings.ContainsRune(c, '/') || c == "." || c == "..") {
+			bad(pw.prefix+"password_credential", "%q is not a credential name", c)
+		}
 	}
-	if c := r.PasswordCredential; c != "" && (strings.ContainsRune(c, '/') || c == "." || c == "..") {
-		bad("password_credential", "%q is not a credential name", c)
+	if r.MasterName == "" {
+		for _, f := range []struct{ field, value string }{
+			{"sentinel_username", r.SentinelUsername},
+			{"sentinel_password_file", r.SentinelPasswordFile},
+			{"sentinel_password_credential", r.SentinelPasswordCredential},
+		} {
+			if f.value != "" {
+				bad(f.field, "only with Sentinel (master_name)")
+			}
+		}
 	}
 	if r.KeyPrefix == "" {
 		bad("key_prefix", "must not be empty")

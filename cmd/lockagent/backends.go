@@ -29,6 +29,7 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		return b, nil
 	}
 	rc := cfg.Backend.Redis
+	goredis.SetLogger(goredisLog{log.Named("go-redis")})
 	opts := &goredis.UniversalOptions{
 		Addrs:         rc.Addresses,
 		MasterName:    rc.MasterName,
@@ -48,11 +49,18 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		// handshake of several round trips in the middle of a renewal.
 		PipelinePoolSize: -1,
 	}
-	pw, err := redisPassword(rc, os.Getenv)
+	pw, err := redisPassword("", rc.PasswordFile, rc.PasswordCredential, os.Getenv)
 	if err != nil {
 		return nil, err
 	}
 	opts.Password = pw
+	if rc.MasterName != "" {
+		pw, err := redisPassword("sentinel_", rc.SentinelPasswordFile, rc.SentinelPasswordCredential, os.Getenv)
+		if err != nil {
+			return nil, err
+		}
+		opts.SentinelUsername, opts.SentinelPassword = rc.SentinelUsername, pw
+	}
 	if rc.TLS != nil {
 		tc, err := tlsConfig(rc.TLS)
 		if err != nil {
@@ -68,6 +76,22 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		return nil, err
 	}
 	return b, nil
+}
+
+// goredisLog passes go-redis's own log lines to the agent's logger, so
+// that they follow log_level and log_format: a line that tells of a
+// failure is a warning, any other (a new primary, a sentinel found) is
+// information.
+type goredisLog struct{ log hclog.Logger }
+
+func (g goredisLog) Printf(_ context.Context, format string, v ...any) {
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	lower := strings.ToLower(msg)
+	if strings.Contains(lower, "fail") || strings.Contains(lower, "error") || strings.Contains(lower, "panic") {
+		g.log.Warn(msg)
+		return
+	}
+	g.log.Info(msg)
 }
 
 // tlsConfig builds the client TLS settings from the configured files.
@@ -94,17 +118,18 @@ func tlsConfig(t *config.TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-// redisPassword reads the password from password_file or from the systemd
-// credential password_credential names; none is "". A trailing newline is
-// not part of it. Errors name the file, never its content.
-func redisPassword(rc *config.Redis, getenv func(string) string) (string, error) {
-	path, field := rc.PasswordFile, "password_file"
-	if rc.PasswordCredential != "" {
+// redisPassword reads a password from a file (the setting prefix +
+// "password_file") or from the systemd credential a setting prefix +
+// "password_credential" names; none is "". A trailing newline is not part
+// of it. Errors name the file, never its content.
+func redisPassword(prefix, file, credential string, getenv func(string) string) (string, error) {
+	path, field := file, prefix+"password_file"
+	if credential != "" {
 		dir := getenv("CREDENTIALS_DIRECTORY")
 		if dir == "" {
-			return "", fmt.Errorf("redis password_credential %q: $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)", rc.PasswordCredential)
+			return "", fmt.Errorf("redis %spassword_credential %q: $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)", prefix, credential)
 		}
-		path, field = filepath.Join(dir, rc.PasswordCredential), "password_credential"
+		path, field = filepath.Join(dir, credential), prefix+"password_credential"
 	}
 	if path == "" {
 		return "", nil

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -1112,7 +1114,7 @@ func TestC4_RedisSigtermReleases(t *testing.T) {
 func TestSentinel_Failover(t *testing.T) {
 	t.Parallel()
 	const ttl = 3 * time.Second
-	sn := redistest.StartSentinel(t)
+	sn := redistest.StartSentinel(t, redistest.SentinelOptions{})
 	a := opsAgent(t, fmt.Sprintf("  addresses   = %s\n  master_name = %q", opsHCLList(sn.SentinelAddrs()), sn.MasterName()))
 	app := a.client(t, "sentinel-app")
 	lg := recordEvents(app)
@@ -1167,6 +1169,51 @@ func TestSentinel_Failover(t *testing.T) {
 		msString(failedOver.Sub(start)), msString(serving), fresh.Token, opsMaxToken(before), outcome, lg.kinds())
 }
 
+// TestSentinel_Credentials: sentinels that accept only a user with a
+// password of their own are reached with sentinel_username and the
+// password from sentinel_password_file or a systemd credential, which is
+// never logged; without them, the agent says so at start, in its own log
+// format (go-redis's lines too), and exits 1.
+func TestSentinel_Credentials(t *testing.T) {
+	t.Parallel()
+	password := fmt.Sprintf("sentinel-pw-%d-never-logged", time.Now().UnixNano())
+	sn := redistest.StartSentinel(t, redistest.SentinelOptions{Username: "watcher", Password: password})
+	e := newAgentEnv(t)
+	pwFile := filepath.Join(e.dir, "sentinel.password")
+	require.NoError(t, os.WriteFile(pwFile, []byte(password+"\n"), 0o600))
+	creds := filepath.Join(e.dir, "creds")
+	require.NoError(t, os.Mkdir(creds, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(creds, "sentinel-password"), []byte(password), 0o600))
+	backend := func(secret string) string {
+		return fmt.Sprintf("backend \"redis\" {\n  addresses   = %s\n  master_name = %q\n  key_prefix  = \"e2e\"\n%s}\n",
+			opsHCLList(sn.SentinelAddrs()), sn.MasterName(), secret)
+	}
+	for _, secret := range []string{
+		fmt.Sprintf("  sentinel_username = \"watcher\"\n  sentinel_password_file = %q\n", pwFile),
+		"  sentinel_username = \"watcher\"\n  sentinel_password_credential = \"sentinel-password\"\n",
+	} {
+		e.writeConfig(t, backend(secret))
+		a := e.start(t, "CREDENTIALS_DIRECTORY="+creds)
+		c := dialAgent(t, e.socket, "e2e-sentinel")
+		l := mustAcquire(t, c, "sn/credentials", nil)
+		owner, err := sn.Primary().Client(t).HGet(t.Context(), lockKey(l.Name), "o").Result()
+		require.NoError(t, err, "the lease is on the primary the sentinel names")
+		assert.Equal(t, l.Lease, owner)
+		opsRelease(t, c, l.Lease)
+		stopAgent(t, a)
+		require.NotContains(t, a.stderr.String(), password, "the password is never logged")
+	}
+
+	e.writeConfig(t, backend(""))
+	a := e.spawn(t)
+	require.Equal(t, 1, a.wait(t, 2*exitTimeout), "the agent's exit status without the sentinel's credentials")
+	require.Contains(t, a.stderr.String(), "NOAUTH")
+	for line := range strings.Lines(a.stderr.String()) {
+		require.Regexp(t, `^(\d{4}-\d\d-\d\dT[0-9:.]+Z \[(INFO|WARN|ERROR)\] |lockagent: redis: )`, line, "every line in the agent's log format, or its last word")
+	}
+	require.Contains(t, a.stderr.String(), "[WARN]  lockagent.backend.go-redis: sentinel: GetMasterAddrByName")
+}
+
 // TestSentinel_FailoverAfterAcquire (redis.md section 7, case 21): the
 // primary dies right after a grant that its replica has not received, and
 // the sentinel promotes the replica. To make the grant miss the replica
@@ -1190,7 +1237,7 @@ func TestSentinel_FailoverAfterAcquire(t *testing.T) {
 
 func sentinelFailoverAfterAcquire(t *testing.T, wait bool) {
 	const ttl = 6 * time.Second
-	sn := redistest.StartSentinel(t)
+	sn := redistest.StartSentinel(t, redistest.SentinelOptions{})
 	body := fmt.Sprintf("  addresses   = %s\n  master_name = %q", opsHCLList(sn.SentinelAddrs()), sn.MasterName())
 	if wait {
 		body += "\n  wait_replicas = 1\n  wait_timeout  = \"200ms\""

@@ -341,7 +341,8 @@ func waitReady(addr string, done <-chan struct{}) error {
 	}
 }
 
-// ping sends one inline PING and expects +PONG.
+// ping sends one inline PING and expects +PONG, or the refusal of a server
+// that requires a password: either way, it answers.
 func ping(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
@@ -358,7 +359,7 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
-	if line != "+PONG\r\n" {
+	if line != "+PONG\r\n" && !strings.HasPrefix(line, "-NOAUTH ") {
 		return fmt.Errorf("PING: %q", strings.TrimSpace(line))
 	}
 	return nil

@@ -138,7 +138,7 @@ func TestClusterAcceptsKeysInDifferentSlots(t *testing.T) {
 
 func TestSentinelFailover(t *testing.T) {
 	t.Parallel()
-	sn := redistest.StartSentinel(t)
+	sn := redistest.StartSentinel(t, redistest.SentinelOptions{})
 	oldPrimary, oldReplica := sn.Primary(), sn.Replica()
 	assert.Equal(t, "mymaster", sn.MasterName())
 

@@ -24,16 +24,25 @@ const masterName = "mymaster"
 // monitors them, owned by a test.
 type Sentinel struct {
 	sentinel *Server
+	opts     SentinelOptions
 
 	mu      sync.Mutex // guards primary and replica, swapped by Failover
 	primary *Server
 	replica *Server
 }
 
+// SentinelOptions configures the sentinel of StartSentinel.
+type SentinelOptions struct {
+	// Username and Password, when set, are the only user the sentinel
+	// accepts (an ACL user with every permission; its default user is
+	// off); the servers themselves require none.
+	Username, Password string
+}
+
 // StartSentinel starts a primary, a replica of it and a sentinel
 // (down-after-milliseconds 1000, failover-timeout 5000), and waits until the
 // replica is in sync and the sentinel knows both as master and replica.
-func StartSentinel(tb testing.TB) *Sentinel {
+func StartSentinel(tb testing.TB, opts SentinelOptions) *Sentinel {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
 	defer cancel()
@@ -56,6 +65,9 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	text := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 1\n"+
 		"sentinel down-after-milliseconds %[1]s 1000\n"+
 		"sentinel failover-timeout %[1]s 5000\n", masterName, host, port)
+	if opts.Username != "" {
+		text += fmt.Sprintf("user default off\nuser %s on >%s allcommands allkeys allchannels\n", opts.Username, opts.Password)
+	}
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatalf("redistest: %v", err)
 	}
@@ -63,7 +75,7 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	s.extra = []string{"--sentinel"}
 	s.startFresh(tb)
 
-	sn := &Sentinel{sentinel: s, primary: primary, replica: replica}
+	sn := &Sentinel{sentinel: s, opts: opts, primary: primary, replica: replica}
 	waitFor(ctx, tb, "sentinel to know master and replica", func() error {
 		return sn.knows(ctx, primary.Addr(), replica.Addr())
 	})
@@ -99,7 +111,8 @@ func replication(ctx context.Context, addr string) (string, error) {
 
 // sentinelClient returns a client for the sentinel; the caller closes it.
 func (sn *Sentinel) sentinelClient() *redis.SentinelClient {
-	return redis.NewSentinelClient(&redis.Options{Addr: sn.sentinel.Addr(), MaxRetries: -1})
+	return redis.NewSentinelClient(&redis.Options{Addr: sn.sentinel.Addr(), MaxRetries: -1,
+		Username: sn.opts.Username, Password: sn.opts.Password})
 }
 
 // knows reports whether the sentinel has master as the master and replica

@@ -16,6 +16,8 @@ backend "redis" {
   cluster       = false
   username      = "lockagent"
   password_file = "/etc/lockagent/redis.password" # never a password inline
+  sentinel_username      = "watcher"
+  sentinel_password_file = "/etc/lockagent/sentinel.password"
   db            = 2
   key_prefix    = "locks"
   wait_replicas = 1       # a grant is handed out once a replica has it

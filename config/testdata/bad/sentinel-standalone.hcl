@@ -1,0 +1,4 @@
+backend "redis" {
+  addresses         = ["127.0.0.1:6379"]
+  sentinel_username = "watcher"
+}
