@@ -27,3 +27,9 @@ backend "memory" {}                 # locks for the processes of this host
 #   addresses           = ["10.0.0.5:6379"]
 #   password_credential = "redis.password"
 # }
+#
+# Sentinels that want a password of their own get it from
+# /etc/credstore/lockagent.sentinel.password, loaded as sentinel.password:
+#   master_name                  = "locks"
+#   sentinel_password_credential = "sentinel.password"
+
