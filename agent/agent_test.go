@@ -375,8 +375,10 @@ func TestSessionEndsDuringABackoff(t *testing.T) {
 }
 
 // TestBackendErrorInStats: a backend call that cannot reach the backend,
-// of any kind, is what Stats tells of it, until a call reaches it again;
-// with no lease to renew, Degraded cannot tell.
+// of any kind, is what Stats tells of it, until a call reaches it again
+// with none failing for 5 s; with no lease to renew, Degraded cannot tell.
+// When only some calls fail (a part of the backend down), the others do
+// not clear it.
 func TestBackendErrorInStats(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
@@ -399,6 +401,27 @@ func TestBackendErrorInStats(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, res.Acquired)
 		assert.Empty(t, a.Stats().BackendError, "reached again")
+
+		f.failPrefix.Store("down/") // the renewals of names on a failed part fail
+		mustAcquire(t, s, agent.AcquireRequest{Name: "down/1", TTL: 30 * time.Second})
+		for range 1500 { // its first renewal, at 9–11 s, fails
+			if a.Stats().BackendError != "" {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		require.NotEmpty(t, a.Stats().BackendError, "the renewal failed")
+		for i := range 40 { // calls to the other parts, while the renewal is retried every 3 s
+			_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: fmt.Sprintf("up/%d", i), Wait: time.Second})
+			require.NoError(t, err)
+			assert.Contains(t, a.Stats().BackendError, "unavailable", "after %d calls that reached the backend", i+1)
+			time.Sleep(250 * time.Millisecond)
+		}
+		f.failPrefix.Store("")
+		time.Sleep(5 * time.Second)
+		_, err = s.Acquire(context.Background(), agent.AcquireRequest{Name: "up/last"})
+		require.NoError(t, err)
+		assert.Empty(t, a.Stats().BackendError, "no call failed for 5 s")
 
 		f.failRenew.Store(true)
 		time.Sleep(10 * time.Second) // renewals fail

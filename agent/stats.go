@@ -17,7 +17,8 @@ type Stats struct {
 	Degraded bool // renewals are failing: some lease's last renewal had an unknown outcome
 
 	// The error of the last backend call, of any kind, that found the
-	// backend unavailable, and when it failed; "" once a call succeeds.
+	// backend unavailable, and when it failed; "" once a call succeeds
+	// with none failing for errorHold.
 	// Renewals tell Degraded, and only while leases are at risk; this
 	// tells of a backend that acquires, releases and inspects cannot
 	// reach, with no lease to renew.
@@ -48,12 +49,22 @@ type unavailability struct {
 // note records what the outcome of a backend call says of the backend:
 // unreachable (ErrUnavailable), or reached (any other outcome, a denial
 // or a lease not held included, but a cancellation, which says nothing).
+// A failure is forgotten only once a call reaches the backend errorHold
+// after it: when only a part of the backend fails (a Cluster primary
+// down), the calls to the other parts do not make it look well between
+// two calls to the failed one.
 func (a *Agent) note(err error) {
 	switch {
 	case errors.Is(err, backend.ErrUnavailable):
 		a.unavailable.Store(&unavailability{err, time.Now()})
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-	case a.unavailable.Load() != nil:
-		a.unavailable.Store(nil)
+	default:
+		if f := a.unavailable.Load(); f != nil && time.Since(f.at) >= errorHold {
+			a.unavailable.CompareAndSwap(f, nil)
+		}
 	}
 }
+
+// errorHold is how long a failure to reach the backend is told after the
+// last one, however many calls reach it meanwhile.
+const errorHold = 5 * time.Second

@@ -38,6 +38,10 @@ func TestStats(t *testing.T) {
 		assert.True(t, a.Stats().Degraded)
 		f.failRenew.Store(false)
 		time.Sleep(400 * time.Millisecond) // retried at TTL/10
+		st := a.Stats()
+		assert.False(t, st.Degraded, "renewed")
+		assert.Contains(t, st.BackendError, "unavailable", "told for 5 s after the failure")
+		time.Sleep(6 * time.Second) // renewals reach the backend
 		assert.Equal(t, agent.Stats{Sessions: 2, Leases: 2, Waiters: 1}, a.Stats())
 
 		cancel()
