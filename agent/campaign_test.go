@@ -147,6 +147,52 @@ func TestTermsWhileAway(t *testing.T) {
 	})
 }
 
+// TestBacklogThroughBackendFlaps: renewals that fail and recover again
+// and again while a session is away leave it one backend event, the
+// latest, and the room of the backlog to the leases' events: a lease lost
+// after many flaps is still told on resume.
+func TestBacklogThroughBackendFlaps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{MaxLeasesPerSession: 2})
+		defer stop()
+		away := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: ptr(time.Hour)}, away)
+		require.NoError(t, err)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "kept", Scope: agent.ScopeSession, TTL: 3 * time.Second})
+		gone := mustAcquire(t, s, agent.AcquireRequest{Name: "gone", Scope: agent.ScopeSession, TTL: 3 * time.Second})
+		s.Detach(away)
+		degraded := func(want bool) {
+			for range 500 {
+				if a.Stats().Degraded == want {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("degraded is not %t", want)
+		}
+		for range 40 { // 80 backend events, more than the backlog holds
+			f.failRenew.Store(true)
+			degraded(true)
+			f.failRenew.Store(false)
+			degraded(false)
+		}
+		admin, _ := openSession(t, a)
+		_, err = admin.Break(context.Background(), "gone")
+		require.NoError(t, err)
+
+		back := &conn{}
+		_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, back)
+		require.NoError(t, err)
+		evs := back.got()
+		require.Len(t, evs, 2, "%v", evs)
+		assert.Equal(t, agent.EventBackend, evs[0].Kind)
+		assert.Equal(t, "ok", evs[0].State, "the backend's latest state")
+		assert.Equal(t, agent.EventLost, evs[1].Kind)
+		assert.Equal(t, gone.ID, evs[1].Lease)
+		assert.Equal(t, agent.ReasonBroken, evs[1].Reason)
+	})
+}
+
 // TestCampaignUnderReloadedRules: each term is a new grant under the rules
 // of the moment. A campaign the reloaded rules no longer allow wins no new
 // term, and contends again once they allow it again.

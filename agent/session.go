@@ -86,7 +86,8 @@ type SessionOptions struct {
 
 // maxBacklog bounds the events kept for a detached session beyond one per
 // lease (each lease is lost at most once; a term elected and lost while
-// the session is away leaves no event).
+// the session is away leaves no event; of the backend's events, only the
+// latest is kept).
 const maxBacklog = 64
 
 // Session is one client's session. Its methods are safe for concurrent use.
@@ -315,6 +316,12 @@ func (s *Session) send(ev Event) {
 	if s.conn != nil {
 		s.conn.Send(ev)
 		return
+	}
+	if ev.Kind == EventBackend {
+		// Only the backend's latest state is kept: renewals failing and
+		// recovering again and again must not fill the backlog, whose
+		// room is for the leases' events.
+		s.backlog = slices.DeleteFunc(s.backlog, func(kept Event) bool { return kept.Kind == EventBackend })
 	}
 	if ev.Kind == EventLost {
 		// A term the client has not heard of yet ended: it hears of
