@@ -132,6 +132,7 @@ type waiter struct {
 	// Guarded by Agent.mu.
 	asked   bool // it has asked the backend: its ticket may be queued there
 	granted bool
+	left    bool // out of its session, its queue and the counts (see forget)
 }
 
 // eligible tells whether w may ask the backend: every waiter ahead of it
@@ -140,6 +141,9 @@ type waiter struct {
 // agent in the order they came. a.mu is held.
 func (a *Agent) eligible(w *waiter) bool {
 	q := a.queues[w.req.Name]
+	if q == nil {
+		return false // w left (see forget)
+	}
 	for _, o := range q.waiters {
 		if o == w {
 			return true
@@ -340,13 +344,15 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	for {
 		a.mu.Lock()
 		ok := a.eligible(w)
-		ended, closing, peer := w.s.ended, a.closing, w.s.currentPeer()
+		ended, closing, left, peer := w.s.ended, a.closing, w.left, w.s.currentPeer()
 		a.mu.Unlock()
 		switch {
 		case closing:
 			return AcquireResult{}, ErrShuttingDown
 		case ended:
 			return AcquireResult{}, ErrSessionEnded
+		case left:
+			return AcquireResult{}, errSuperseded
 		}
 		if ok && w.camp != nil {
 			// A campaign's term is granted under the rules of the moment,
@@ -559,12 +565,27 @@ func (a *Agent) ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// leave takes w out of its queue and wakes whoever may go next.
+// leave ends w: its ticket is taken out of the backend's queue, and w out
+// of the agent's, if that was not done already.
 func (a *Agent) leave(w *waiter) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// A superseded waiter (see superseded) no longer has the session's
-	// place, but it still counts against its uid.
+	if w.queued && w.asked && !w.granted {
+		a.leaveLater(w.req.Name, w.ticket)
+	}
+	a.forget(w)
+}
+
+// forget takes w out of its session, its queue and the counts, and wakes
+// whoever may go next: when w ends (leave), or at once when its
+// connection goes (see Session.detach), so that a waiter whose goroutine
+// has yet to notice neither counts against the limits nor holds up the
+// queue and the tries behind it. a.mu is held.
+func (a *Agent) forget(w *waiter) {
+	if w.left {
+		return
+	}
+	w.left = true
 	a.uncount(w.s.uid)
 	if w.s.pending[w.req.Name] == w {
 		delete(w.s.pending, w.req.Name)
@@ -576,9 +597,6 @@ func (a *Agent) leave(w *waiter) {
 	}
 	if !w.queued {
 		return
-	}
-	if w.asked && !w.granted {
-		a.leaveLater(w.req.Name, w.ticket)
 	}
 	q := a.queues[w.req.Name]
 	q.waiters = slices.DeleteFunc(q.waiters, func(o *waiter) bool { return o == w })

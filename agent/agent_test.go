@@ -705,6 +705,73 @@ func TestAcquireAfterAResume(t *testing.T) {
 	}
 }
 
+// TestResumeEndsTheOldWaiters: the waiting acquires of a connection that a
+// resume took the session from leave at once, before their goroutines
+// notice that their requests were cancelled: they no longer count against
+// the limits, nor hold up the queue and the tries of the name.
+func TestResumeEndsTheOldWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{MaxLeasesPerSession: 2, MaxWaiters: 2})
+		defer stop()
+		holder, _ := openSession(t, a)
+		mustAcquire(t, holder, agent.AcquireRequest{Name: "x", Mode: backend.Shared})
+		mustAcquire(t, holder, agent.AcquireRequest{Name: "y"})
+		old := &conn{}
+		s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: ptr(time.Minute)}, old)
+		require.NoError(t, err)
+		// The requests' contexts are never cancelled, as if the socket
+		// server had yet to notice the old connection's end.
+		for _, name := range []string{"x", "y"} {
+			go s.Acquire(context.Background(), agent.AcquireRequest{Name: name, Wait: agent.WaitForever, Conn: old})
+		}
+		synctest.Wait()
+		require.Equal(t, 2, a.Stats().Waiters)
+
+		_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+		require.NoError(t, err)
+		assert.Equal(t, 0, a.Stats().Waiters)
+		synctest.Wait() // the old waiters' goroutines, woken, take their tickets out of the backend's queue
+		other, _ := openSession(t, a)
+		mustAcquire(t, other, agent.AcquireRequest{Name: "x", Mode: backend.Shared}) // a try, no longer behind the old waiter
+		mustAcquire(t, s, agent.AcquireRequest{Name: "a"})                           // within the session's 2 leases
+		res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "b", Wait: time.Second})
+		require.NoError(t, err, "within the session's 2 leases and the agent's 2 waiters")
+		assert.True(t, res.Acquired)
+		synctest.Wait()
+	})
+}
+
+// TestResumeAfterTheOldLeasesAreReleased: a resume returns once the old
+// connection's connection-scoped leases are released in the backend, by
+// the resume itself or by the Detach of a connection that just went, so
+// that the new connection is not refused a name its own old lease holds
+// there.
+func TestResumeAfterTheOldLeasesAreReleased(t *testing.T) {
+	for _, detached := range []bool{false, true} {
+		t.Run(fmt.Sprint("detached=", detached), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, f, stop := run(t, agent.Config{})
+				defer stop()
+				old := &conn{}
+				s, err := a.Open(agent.Peer{}, agent.SessionOptions{SessionTTL: ptr(time.Minute)}, old)
+				require.NoError(t, err)
+				mustAcquire(t, s, agent.AcquireRequest{Name: "x"})
+				f.releaseDelay.Store(int64(100 * time.Millisecond))
+				if detached {
+					go s.Detach(old) // the connection went; its release is on the way
+					synctest.Wait()
+				}
+				_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
+				require.NoError(t, err)
+				info, err := f.Inspect(context.Background(), "x")
+				require.NoError(t, err)
+				assert.Empty(t, info.Holders, "released in the backend before the resume returned")
+				mustAcquire(t, s, agent.AcquireRequest{Name: "x"})
+			})
+		})
+	}
+}
+
 // TestAcquireAfterAResumeAtTheCaps: the acquire that takes the place of
 // the old connection's (cancelled at the resume, its backend call not
 // yet back) is not refused by the limits, which that old acquire, being

@@ -109,6 +109,7 @@ type Session struct {
 	detaches  int                  // connections gone: their acquires are being given up
 	campaigns map[string]*campaign // by name
 	expiry    *time.Timer          // ends a detached session
+	releasing chan struct{}        // closed once the last Detach released its leases
 	ended     bool
 }
 
@@ -188,18 +189,20 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		return nil, err
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.closing {
+		a.mu.Unlock()
 		return nil, ErrShuttingDown
 	}
 	s := a.sessions[id]
 	if s == nil || s.ended || s.uid != peer.UID ||
 		subtle.ConstantTimeCompare([]byte(s.token), []byte(token)) != 1 {
+		a.mu.Unlock()
 		return nil, ErrSessionExpired
 	}
+	var gone []*lease
 	if s.conn != nil {
 		old := s.conn
-		a.releaseLater(s.detach())
+		gone = s.detach()
 		old.Close()
 	}
 	if s.expiry != nil {
@@ -213,7 +216,31 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		conn.Send(ev)
 	}
 	s.backlog = nil
+	releasing := s.releasing
+	a.mu.Unlock()
+	// The resume is answered once the old connection's connection-scoped
+	// leases are released in the backend, by this resume or by the
+	// Detach of a connection that just went, so that the new connection
+	// is not refused a name its own old lease still holds there.
+	a.releaseAll(gone)
+	if releasing != nil {
+		<-releasing
+	}
 	return s, nil
+}
+
+// releaseAll releases leases the agent has dropped in the backend,
+// waiting releaseTimeout at most; a release the backend was unavailable
+// for is tried again in the background (see releaseBackend).
+func (a *Agent) releaseAll(leases []*lease) {
+	if len(leases) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for _, l := range leases {
+		a.releaseBackend(ctx, l)
+	}
 }
 
 // Detach tells the session that conn is gone, and closes it. Its
@@ -243,16 +270,15 @@ func (s *Session) Detach(conn Conn) {
 		})
 		s.expiry = expiry
 	}
+	releasing := make(chan struct{})
+	s.releasing = releasing
 	a.mu.Unlock()
 	// The connection is closed before the backend is asked: its end is the
 	// application's notice that its connection-scoped leases are gone, and
 	// a backend that does not answer must not hold it open meanwhile.
 	conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	for _, l := range gone {
-		a.releaseBackend(ctx, l)
-	}
+	a.releaseAll(gone)
+	close(releasing)
 }
 
 // detach drops the connection and its connection-scoped leases, and returns
@@ -263,6 +289,15 @@ func (s *Session) detach() []*lease {
 	for _, c := range s.campaigns {
 		if c.req.Scope == ScopeConnection {
 			c.stop()
+		}
+	}
+	for _, w := range s.pending {
+		// The acquires of the connection gone, and the campaigns stopped
+		// with it, leave at once; an acquire made through the API
+		// without a connection goes on.
+		if w.superseded() && (w.req.Conn != nil || w.camp != nil) {
+			s.a.forget(w)
+			w.signal()
 		}
 	}
 	var gone []*lease
