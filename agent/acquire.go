@@ -258,10 +258,10 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, context.Canceled
 	case s.leases[req.Name] != nil:
 		return nil, &AlreadyHeldError{Lease: s.leases[req.Name].public()}
-	case busy:
-		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.campaigns[req.Name] != nil:
 		return nil, invalidArg("the session campaigns for %q: resign first", req.Name)
+	case busy:
+		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.held()-replaces >= a.cfg.MaxLeasesPerSession:
 		return nil, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
 	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid]-replaces >= a.cfg.MaxLeasesPerUID:

@@ -102,7 +102,8 @@ func TestCampaignErrors(t *testing.T) {
 	// acquire of the name it campaigns for is refused.
 	b := ta.raw(t)
 	b.ok(`{"id":1,"op":"campaign","name":"c"}`)
-	b.fail(`{"id":2,"op":"acquire","name":"c","wait_ms":-1}`, "invalid_argument")
+	resp := b.fail(`{"id":2,"op":"acquire","name":"c","wait_ms":-1}`, "invalid_argument")
+	assert.Contains(t, resp["error"].(map[string]any)["message"], "campaigns for", "why, not an acquire in progress")
 }
 
 // TestCampaignEndsWithItsScope: a connection's campaign ends with it and
