@@ -264,22 +264,34 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	p.Exec(ctx)
 }
 
-// batchPerCall bounds the requests of one batchScript call, so that one
+// batchPerCall bounds the requests of one batch script call, so that one
 // call holds Redis for a fraction of a millisecond at most; a larger batch
 // goes as several calls in one pipeline.
 const batchPerCall = 64
 
-// execOne sends batch as calls of batchScript, where a script's keys need
-// not share a hash slot (not on Cluster): one call into Redis for up to
-// batchPerCall requests instead of one per request.
+// execOne sends batch as calls of the batch scripts, where a script's
+// keys need not share a hash slot (not on Cluster): one call into Redis
+// for up to batchPerCall requests instead of one per request. Releases go
+// first, apart from acquires (see mayWrite): calls gathered together were
+// made concurrently, and have no order to keep.
 func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	var chunks [][]*call
-	for start := 0; start < len(batch); start += batchPerCall {
-		chunks = append(chunks, batch[start:min(start+batchPerCall, len(batch))])
+	var kinds []batchScript
+	for _, kind := range []batchScript{batchRelease, batchAcquire} {
+		var of []*call
+		for _, c := range batch {
+			if (c.script == acquireScript) == (kind == batchAcquire) {
+				of = append(of, c)
+			}
+		}
+		for start := 0; start < len(of); start += batchPerCall {
+			chunks = append(chunks, of[start:min(start+batchPerCall, len(of))])
+			kinds = append(kinds, kind)
+		}
 	}
 	cmdArgs := make([][]any, len(chunks))
 	for i, chunk := range chunks {
-		cmdArgs[i] = batchCommand(chunk)
+		cmdArgs[i] = batchCommand(kinds[i], chunk)
 	}
 	// send sends commands, one alone or many in one pipeline, and
 	// returns them, each with its own reply or error.
@@ -302,7 +314,7 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	var retry [][]any
 	for i, cmd := range send(cmdArgs) {
 		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmdArgs[i][0], cmdArgs[i][1] = "eval", batchSource
+			cmdArgs[i][0], cmdArgs[i][1] = "eval", kinds[i].source
 			again, retry = append(again, i), append(retry, cmdArgs[i])
 			continue
 		}
@@ -316,18 +328,18 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	}
 }
 
-// batchCommand is the EVALSHA of batchScript for batch, as the one slice
+// batchCommand is the EVALSHA of script for batch, as the one slice
 // of arguments go-redis sends as it is: its keys, then the number of
 // requests and, per request, its kind ('a' acquire, 'r' release), its
 // numbers of keys and of arguments, and its arguments.
-func batchCommand(batch []*call) []any {
+func batchCommand(script batchScript, batch []*call) []any {
 	nk, na := 0, 0
 	for _, c := range batch {
 		nk += len(c.keys)
 		na += len(c.args)
 	}
 	cmd := make([]any, 0, 4+nk+3*len(batch)+na)
-	cmd = append(cmd, "evalsha", batchScript.Hash(), nk)
+	cmd = append(cmd, "evalsha", script.Hash(), nk)
 	for _, c := range batch {
 		for _, k := range c.keys {
 			cmd = append(cmd, k)
@@ -345,7 +357,7 @@ func batchCommand(batch []*call) []any {
 	return cmd
 }
 
-// setBatchResults gives each call of a batchScript call its result.
+// setBatchResults gives each call of a batch script call its result.
 func setBatchResults(ctx context.Context, batch []*call, cmd *goredis.Cmd) {
 	res, err := cmd.Slice()
 	if err == nil && len(res) != len(batch) {
@@ -365,7 +377,7 @@ func setBatchResults(ctx context.Context, batch []*call, cmd *goredis.Cmd) {
 	}
 }
 
-// isBatchFailure tells a request that failed inside batchScript: {-9, message}.
+// isBatchFailure tells a request that failed inside a batch script: {-9, message}.
 func isBatchFailure(v any) bool {
 	r, ok := v.([]any)
 	if !ok || len(r) != 2 {

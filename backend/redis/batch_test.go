@@ -111,30 +111,40 @@ func TestBatchScriptIsolatesFailures(t *testing.T) {
 		k := b.keys(name)
 		return &call{ctx: ctx, script: releaseScript, keys: []string{k.x, k.r, k.t, k.c, k.q, k.qe}, args: []any{id, "x"}}
 	}
-	broken := rel("a", "l1")
-	broken.keys = broken.keys[:3] // fails inside the script, before it writes
-	batch := []*call{
-		acq("a", "l1"),
-		broken,
-		acq("a", "l3"), // held by l1
-		rel("a", "l1"),
-		rel("a", "l1"), // no longer held
-	}
-	b.batch.execOne(ctx, batch)
-
-	granted, err := batch[0].cmd.Slice()
+	brokenAcq, brokenRel := acq("a", "l2"), rel("a", "l1")
+	brokenAcq.keys, brokenRel.keys = brokenAcq.keys[:3], brokenRel.keys[:3] // fail inside the script, before they write
+	acquires := []*call{acq("a", "l1"), brokenAcq, acq("a", "l3")}
+	b.batch.execOne(ctx, acquires)
+	granted, err := acquires[0].cmd.Slice()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), granted[0], "the first acquire is granted")
-	assert.Error(t, batch[1].cmd.Err(), "the malformed release fails")
-	held, err := batch[2].cmd.Slice()
+	assert.Error(t, acquires[1].cmd.Err(), "the malformed acquire fails")
+	held, err := acquires[2].cmd.Slice()
 	require.NoError(t, err)
-	assert.Equal(t, int64(0), held[0], "the second acquire of a finds it held: the malformed release released nothing")
-	v, err := batch[3].cmd.Int64()
+	assert.Equal(t, int64(0), held[0], "the second acquire of a finds it held")
+
+	releases := []*call{brokenRel, rel("a", "l1"), rel("a", "l1")}
+	b.batch.execOne(ctx, releases)
+	assert.Error(t, releases[0].cmd.Err(), "the malformed release fails")
+	v, err := releases[1].cmd.Int64()
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), v, "the release of l1 releases")
-	v, err = batch[4].cmd.Int64()
+	assert.Equal(t, int64(1), v, "the release of l1 releases: the malformed one released nothing")
+	v, err = releases[2].cmd.Int64()
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), v, "a second release of l1 finds nothing")
+
+	// Gathered together, releases go first: an acquire gathered with the
+	// release of its name finds it free.
+	_, err = b.Acquire(ctx, backend.AcquireRequest{Name: "b", LeaseID: "l4", TTL: 10 * time.Second})
+	require.NoError(t, err)
+	mixed := []*call{acq("b", "l5"), rel("b", "l4")}
+	b.batch.execOne(ctx, mixed)
+	granted, err = mixed[0].cmd.Slice()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), granted[0], "granted after the release")
+	v, err = mixed[1].cmd.Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), v)
 }
 
 // TestLargeBatchGoesInSeveralCalls: a batch beyond batchPerCall goes as
@@ -362,4 +372,53 @@ func TestPrimaryBatchersPruned(t *testing.T) {
 	assert.NotContains(t, n.nodes, "b:1")
 	assert.Same(t, d, n.at("d:1", later))
 	assert.NotSame(t, b, n.at("b:1", later), "a primary back gets a new batcher")
+}
+
+// TestWritesRefusedWhole: a script that writes is refused before it runs
+// by a replica, so that a release of a lease the replica has not received
+// is sent again to the primary rather than answered "not held" from stale
+// data; and, for acquires, by a server out of memory, even gathered
+// behind a release, whose first write would otherwise turn Redis's memory
+// check off for the rest of the call. Releases still go through.
+func TestWritesRefusedWhole(t *testing.T) {
+	ctx := context.Background()
+	t.Run("replica", func(t *testing.T) {
+		primary := redistest.Start(t, redistest.Options{})
+		replica := redistest.Start(t, redistest.Options{})
+		host, port, err := net.SplitHostPort(primary.Addr())
+		require.NoError(t, err)
+		require.NoError(t, replica.Client(t).SlaveOf(ctx, host, port).Err())
+		b, err := Open(ctx, Options{Client: goredis.NewClient(&goredis.Options{Addr: replica.Addr(), MaxRetries: -1}), KeyPrefix: "ro"})
+		require.NoError(t, err)
+		defer b.Close()
+		for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+			err := b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l1", Mode: mode})
+			require.ErrorIs(t, err, backend.ErrUnavailable, "%s", mode)
+			require.ErrorContains(t, err, "READONLY")
+		}
+	})
+	t.Run("out of memory", func(t *testing.T) {
+		srv := redistest.Start(t, redistest.Options{})
+		b, err := Open(ctx, Options{Client: goredis.NewClient(&goredis.Options{Addr: srv.Addr()}), KeyPrefix: "oom"})
+		require.NoError(t, err)
+		defer b.Close()
+		_, err = b.Acquire(ctx, backend.AcquireRequest{Name: "r", LeaseID: "l1", TTL: 10 * time.Second})
+		require.NoError(t, err)
+		rc := srv.Client(t)
+		require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+		require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "1").Err())
+		defer rc.ConfigSet(ctx, "maxmemory", "0")
+		k, kr := b.keys("new"), b.keys("r")
+		acq := &call{ctx: ctx, script: acquireScript, keys: []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+			args: []any{"l2", "x", 10000, 0, "host", "", 60000, ""}}
+		rel := &call{ctx: ctx, script: releaseScript, keys: []string{kr.x, kr.r, kr.t, kr.c, kr.q, kr.qe}, args: []any{"l1", "x"}}
+		b.batch.execOne(ctx, []*call{rel, acq})
+		v, err := rel.cmd.Int64()
+		require.NoError(t, err, "a release goes through")
+		assert.Equal(t, int64(1), v)
+		require.ErrorContains(t, acq.cmd.Err(), "OOM", "an acquire is refused")
+		n, err := rc.Exists(ctx, k.x, k.f).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "nothing of the acquire was written")
+	})
 }

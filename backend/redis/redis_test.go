@@ -74,9 +74,21 @@ func TestConformanceWithTheDocumentedPermissions(t *testing.T) {
 	b, err := redis.Open(ctx, redis.Options{KeyPrefix: "nc", Logger: hclog.New(&hclog.LoggerOptions{Output: &logs}),
 		Client: goredis.NewClient(&goredis.Options{Addr: srv.Addr(), Username: "nochannels", Password: "pw", ContextTimeoutEnabled: true})})
 	require.NoError(t, err)
-	b.Close()
+	defer b.Close()
 	assert.Contains(t, logs.String(), "cannot publish to the lock channels")
 	assert.Contains(t, logs.String(), "NOPERM")
+	// Without the channels, the PUBLISH that ends a release or a leave
+	// fails, after its writes: the call itself succeeds.
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		l := backend.Lease{Name: "n" + string(mode), LeaseID: "l1", Mode: mode}
+		grant(t, b, l.Name, l.LeaseID, mode)
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Name: l.Name, LeaseID: "l2", Mode: backend.Exclusive, TTL: time.Second, Ticket: "t2"})
+		var held *backend.HeldError
+		require.ErrorAs(t, err, &held, "queued behind the holder")
+		require.NoError(t, b.Release(ctx, l), "%s release", mode)
+		require.NoError(t, b.Leave(ctx, l.Name, "t2"), "%s leave", mode)
+		require.ErrorIs(t, b.Release(ctx, l), backend.ErrNotHeld)
+	}
 }
 
 func newClient(addr string) *goredis.Client {
@@ -107,6 +119,12 @@ func TestForeignKeyIsNeverOverwritten(t *testing.T) {
 			rc.Del(ctx, "fk:lk:{e}:f")
 			return rc.RPush(ctx, "fk:lk:{e}:f", "x").Err()
 		},
+		"fk:lk:{i}:f":  func() error { return rc.Set(ctx, "fk:lk:{i}:f", "inf", 0).Err() },
+		"fk:lk:{j}:f":  func() error { return rc.Set(ctx, "fk:lk:{j}:f", "1e19", 0).Err() },
+		"fk:lk:{k}:f":  func() error { return rc.Set(ctx, "fk:lk:{k}:f", "nan", 0).Err() },
+		"fk:lk:{m}:f":  func() error { return rc.Set(ctx, "fk:lk:{m}:f", "9007199254740993", 0).Err() },
+		"fk:lk:{n}:f":  func() error { return rc.Set(ctx, "fk:lk:{n}:f", " 12", 0).Err() },
+		"fk:lk:{o}:f":  func() error { return rc.Set(ctx, "fk:lk:{o}:f", "-5", 0).Err() },
 		"fk:lk:{g}:q":  func() error { return rc.Set(ctx, "fk:lk:{g}:q", "x", 0).Err() },
 		"fk:lk:{h}:qe": func() error { return rc.Set(ctx, "fk:lk:{h}:qe", "x", 0).Err() },
 	} {

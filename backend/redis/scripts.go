@@ -69,14 +69,17 @@ local function head_group(Q)
 end
 -- wake tells the waiters at the head of the queue, on every agent, that
 -- they may ask: it publishes their tickets, or '*' when nobody queues.
+-- A PUBLISH comes after the script's writes, and a user without the
+-- channels (an ACL) must not fail them: the waiters then wake at their
+-- next poll.
 local function wake(Q, C)
   local g = head_group(Q)
   if #g == 0 then
-    redis.call('PUBLISH', C, '*')
+    redis.pcall('PUBLISH', C, '*')
     return
   end
   for i, m in ipairs(g) do g[i] = string.sub(m, 3) end
-  redis.call('PUBLISH', C, table.concat(g, ' '))
+  redis.pcall('PUBLISH', C, table.concat(g, ' '))
 end
 -- expire_queue keeps the queue's keys as long as its last ticket.
 local function expire_queue(Q, QE)
@@ -97,6 +100,19 @@ local function prune(R, T)
 end
 `
 
+// The flags of the scripts that write. A script with flags is refused
+// whole, before it runs, by a replica (READONLY: an old primary after a
+// failover, for the client to send again to the new one) and, unless it
+// may run out of memory, by a server out of memory; one without them
+// would answer a release or a try from a replica's stale data, and run
+// past Redis's memory check once its first write passed it. Releases (and
+// renewals) must go through when Redis is full, for the memory they free
+// and the locks they keep; acquires must not.
+const (
+	mayWrite    = "#!lua\n"
+	mayWriteOOM = "#!lua flags=allow-oom\n"
+)
+
 // fast holds the scripts' fast paths: an exclusive acquire of a free name
 // that nobody queues for, and an exclusive release with nobody queued,
 // most of a fleet's traffic. They come first in a script and return early
@@ -115,8 +131,9 @@ local function fast_acquire(k, a)
   local lastv = redis.pcall('GET', F)
   local last = 0
   if lastv then
+    if type(lastv) ~= 'string' or not string.match(lastv, '^%d+$') then return nil end
     last = tonumber(lastv)
-    if not last then return nil end
+    if last >= 9007199254740992 then return nil end
   end
   if not fast_us then
     local t = redis.call('TIME')
@@ -134,7 +151,7 @@ local function fast_release(k, a)
   local v = redis.pcall('HMGET', X, 'o', 'k')
   if v[1] == nil or v[1] ~= ARGV[a] or not tonumber(v[2]) then return nil end
   redis.call('DEL', X)
-  redis.call('PUBLISH', KEYS[k + 3], '*')
+  redis.pcall('PUBLISH', KEYS[k + 3], '*')
   return 1
 end
 `
@@ -144,7 +161,7 @@ end
 // Returns {1, token} granted, {0, retry ms} held (a ticket is then in the
 // queue), {-1, 0} the lease id holds the name in the other mode, {-2, key}
 // a key lockagent did not write.
-var acquireScript = goredis.NewScript(fast + `
+var acquireScript = goredis.NewScript(mayWrite + fast + `
 local r = #KEYS == 7 and #ARGV == 8 and fast_acquire(1, 1)
 if r then return r end
 ` + common + acquireFn + `
@@ -170,13 +187,15 @@ if redis.call('EXISTS', X, R, T, Q, QE) > 0 then
   if kq ~= 'none' and kq ~= 'zset' then return {-2, Q} end
   if kqe ~= 'none' and kqe ~= 'zset' then return {-2, QE} end
 end
--- F: a key of another type fails the GET.
+-- F: a key of another type fails the GET; a token is a whole number
+-- below 2^53, which a double holds exactly.
 local ok, lastv = pcall(redis.call, 'GET', F)
 if not ok then return {-2, F} end
 local last = 0
 if lastv then
+  if not string.match(lastv, '^%d+$') then return {-2, F} end
   last = tonumber(lastv)
-  if not last then return {-2, F} end
+  if last >= 9007199254740992 then return {-2, F} end
 end
 local function fence()
   clock()
@@ -281,7 +300,7 @@ end
 // releaseScript: KEYS X R T C Q QE; ARGV leaseID, mode.
 // Returns 1 released, 0 not held by that lease. A release wakes the
 // waiters at the head of the queue, on every agent (wake).
-var releaseScript = goredis.NewScript(fast + `
+var releaseScript = goredis.NewScript(mayWriteOOM + fast + `
 local r = #KEYS == 6 and #ARGV == 2 and fast_release(1, 1)
 if r then return r end
 ` + common + releaseFn + `
@@ -298,7 +317,7 @@ if redis.call('EXISTS', Q) == 1 then kq = kind(Q) end
 if kq == 'zset' then prune_queue(Q, QE) end
 -- With nobody queued, wake has nobody to name.
 local function wake_queue()
-  if kq == 'zset' then wake(Q, C) else redis.call('PUBLISH', C, '*') end
+  if kq == 'zset' then wake(Q, C) else redis.pcall('PUBLISH', C, '*') end
 end
 if mode == 'x' then
   -- X read as a holder (a key of another type fails the read).
@@ -323,16 +342,27 @@ return 1
 end
 `
 
-// batchScript runs the acquires and releases a group commit gathered, in
-// one call, so that their fixed cost (the call, its parsing, the script's
-// set-up) is paid once: KEYS are the requests' keys in turn; ARGV[1] is
-// the number of requests, then per request its kind ('a' acquire, 'r'
-// release), its number of keys and of arguments, and its arguments. It
-// returns per request what its own script returns, or {-9, message} when
-// it failed, without failing the others; but a READONLY error (a replica)
-// fails the whole call, which wrote nothing. It runs only where all its
-// keys may be in one call: not on Cluster.
-var batchScript = goredis.NewScript(batchSource)
+// The batch scripts run the acquires, or the releases, a group commit
+// gathered, in one call, so that their fixed cost (the call, its parsing,
+// the script's set-up) is paid once: KEYS are the requests' keys in turn;
+// ARGV[1] is the number of requests, then per request its kind ('a'
+// acquire, 'r' release), its number of keys and of arguments, and its
+// arguments. They return per request what its own script returns, or {-9,
+// message} when it failed, without failing the others; a replica, or a
+// server out of memory for acquires, refuses the whole call. Acquires and
+// releases go apart, for their flags (see mayWrite). They run only where
+// all their keys may be in one call: not on Cluster.
+var (
+	batchAcquire = batchScript{goredis.NewScript(mayWrite + batchSource), mayWrite + batchSource}
+	batchRelease = batchScript{goredis.NewScript(mayWriteOOM + batchSource), mayWriteOOM + batchSource}
+)
+
+// batchScript is a batch script and its source, sent when the server
+// does not have it.
+type batchScript struct {
+	*goredis.Script
+	source string
+}
 
 const batchSource = fast + common + acquireFn + releaseFn + `
 local out = {}
@@ -358,10 +388,6 @@ for i = 1, tonumber(ARGV[1]) do
     local msg = res
     if type(res) == 'table' then msg = res.err end
     msg = tostring(msg)
-    -- A replica (an old primary after a failover) refuses every write:
-    -- nothing of this call was written, and the whole call fails as a
-    -- single script would, for the client to send again.
-    if string.sub(msg, 1, 9) == 'READONLY ' then return redis.error_reply(msg) end
     out[i] = {-9, msg}
   end
 end
@@ -420,4 +446,4 @@ end
 return out
 `)
 
-var scripts = []*goredis.Script{acquireScript, renewScript, renewHeldScript, releaseScript, leaveScript, inspectScript, batchScript}
+var scripts = []*goredis.Script{acquireScript, renewScript, renewHeldScript, releaseScript, leaveScript, inspectScript, batchAcquire.Script, batchRelease.Script}
