@@ -374,6 +374,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				defer stop()
 				freed = ch
 			}
+			asked := time.Now()
 			l, retryIn, err := a.attempt(ctx, w, until)
 			a.mu.Lock()
 			if !w.asked {
@@ -393,9 +394,14 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				// the backend is asked again, backing off, until the wait
 				// ends, when the acquire fails with this error. An
 				// attempt left unanswered until the wait ended fails it
-				// so too: whether the name was free is unknown.
+				// so too, whether the name was free being unknown, if
+				// it had time to be answered; one sent just before the
+				// end, cut short by it, says nothing of the backend.
 				if !until.IsZero() && !time.Now().Before(until) {
-					return AcquireResult{}, err
+					if failed != nil || time.Since(asked) >= min(unansweredAfter, w.req.Wait/2) {
+						return AcquireResult{}, err
+					}
+					return a.denied(ctx, w.req.Name, ReasonTimeout), nil
 				}
 				if failed == nil {
 					a.cfg.PeerLog.Log(a.log, hclog.Warn, peer.UID, "waiting acquire: the backend is unavailable; asking again until the wait ends",
@@ -429,6 +435,11 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 		}
 	}
 }
+
+// unansweredAfter is how long an attempt cut short by the end of its wait
+// must have waited for the backend (or half the wait, if less) for the
+// acquire to fail as backend_unavailable rather than time out.
+const unansweredAfter = time.Second
 
 // errSuperseded: the acquire's connection is gone, and an acquire of a new
 // connection of the session took its place.

@@ -334,7 +334,8 @@ func TestWaitThroughAnOutage(t *testing.T) {
 
 // TestWaitEndsUnanswered: a wait whose one attempt the backend leaves
 // unanswered until the wait ends fails as backend_unavailable, not as a
-// timeout, which would say the name stayed held.
+// timeout, which would say the name stayed held; but an attempt sent just
+// before the end of the wait, and cut short by it, times out.
 func TestWaitEndsUnanswered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
@@ -346,6 +347,22 @@ func TestWaitEndsUnanswered(t *testing.T) {
 		require.ErrorIs(t, err, backend.ErrUnavailable, "%+v", res)
 		assert.Equal(t, 2*time.Second, time.Since(start), "at the end of its wait")
 		assert.Equal(t, int64(1), f.acquireCalls.Load())
+
+		f.hangAcquire.Store(false)
+		holder, _ := openSession(t, a)
+		held := mustAcquire(t, holder, agent.AcquireRequest{Name: "m"})
+		done := make(chan agent.AcquireResult, 1)
+		go func() {
+			res, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "m", Wait: 2 * time.Second})
+			assert.NoError(t, err)
+			done <- res
+		}()
+		time.Sleep(2*time.Second - 10*time.Millisecond)
+		f.hangAcquire.Store(true) // the next attempt, woken by the release, is cut by the end of the wait
+		require.NoError(t, holder.Release(context.Background(), held.ID))
+		res = <-done
+		assert.False(t, res.Acquired)
+		assert.Equal(t, agent.ReasonTimeout, res.Reason, "an attempt of the last 10 ms says nothing of the backend")
 	})
 }
 
