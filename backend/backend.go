@@ -59,6 +59,12 @@ func (m Mode) String() string {
 	return "exclusive"
 }
 
+// TicketLife bounds how long a waiter's ticket stays queued after its
+// last attempt. A waiting acquire asks again at least every second, so a
+// live waiter keeps its place; a dead one (its agent crashed) holds up the
+// name's queue, and every try, this long at most, whatever its TTL.
+const TicketLife = 5 * time.Second
+
 // AcquireRequest is one attempt to take a name.
 type AcquireRequest struct {
 	Name    string
@@ -77,10 +83,11 @@ type AcquireRequest struct {
 	// queue, or shared with only shared tickets ahead of it (shared
 	// waiters at the head are granted together), and the holders allow
 	// it; otherwise the ticket joins the tail of the queue (or stays where
-	// it is) and the request is denied. A ticket lives for TTL from each
-	// attempt: a waiter that stops asking (its agent died) leaves the queue
-	// then. A request without a ticket (a try) is denied while any ticket
-	// is queued: it never jumps ahead of waiters.
+	// it is) and the request is denied. A ticket lives for TTL, and
+	// TicketLife at most, from each attempt: a waiter that stops asking
+	// (its agent died) leaves the queue then. A request without a ticket
+	// (a try) is denied while any ticket is queued: it never jumps ahead
+	// of waiters.
 	Ticket string
 	// Deadline, if set, is when the answer stops being of use (the grant
 	// could no longer be handed out). A backend that waits on a network

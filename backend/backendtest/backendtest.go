@@ -65,6 +65,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"QueueShared", testQueueShared},
 		{"QueueWakesTheHead", testQueueWakesTheHead},
 		{"QueueTicketExpires", testQueueTicketExpires},
+		{"QueueTicketLife", testQueueTicketLife},
 		{"ConcurrentAcquire", testConcurrentAcquire},
 		{"CanceledContext", testCanceledContext},
 		{"Closed", testClosed},
@@ -787,6 +788,28 @@ func drain(chs ...<-chan struct{}) {
 		default:
 		}
 	}
+}
+
+// testQueueTicketLife: a dead waiter's ticket of a long TTL leaves the
+// queue after backend.TicketLife: a crashed agent's waiter does not hold
+// up the name for its TTL.
+func testQueueTicketLife(t *testing.T, b backend.Backend) {
+	const name = "queue/life"
+	h := request(name, "h", backend.Exclusive)
+	mustAcquire(t, b, h)
+	dead := waiter(name, "dead", backend.Exclusive)
+	dead.TTL = time.Hour
+	mustDeny(t, b, dead)
+	start := time.Now()
+	mustRelease(t, b, lease(h))
+	live := waiter(name, "live", backend.Exclusive)
+	require.Eventually(t, func() bool {
+		_, err := b.Acquire(t.Context(), live)
+		return err == nil
+	}, backend.TicketLife+waitFor, tick, "the live waiter was never granted")
+	elapsed := time.Since(start)
+	require.GreaterOrEqual(t, elapsed, backend.TicketLife/2, "granted before the dead ticket expired")
+	requireQueued(t, b, name, 0)
 }
 
 // testQueueTicketExpires: a waiter that stops asking (its agent died)

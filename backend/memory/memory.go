@@ -465,10 +465,10 @@ func (e *entry) enqueue(req backend.AcquireRequest, now time.Time) {
 		return
 	}
 	if i := e.index(req.Ticket); i >= 0 {
-		e.queue[i].expires = now.Add(req.TTL)
+		e.queue[i].expires = now.Add(min(req.TTL, backend.TicketLife))
 		return
 	}
-	e.queue = append(e.queue, &ticket{id: req.Ticket, mode: req.Mode, expires: now.Add(req.TTL)})
+	e.queue = append(e.queue, &ticket{id: req.Ticket, mode: req.Mode, expires: now.Add(min(req.TTL, backend.TicketLife))})
 }
 
 // dequeue takes a ticket out of the queue.

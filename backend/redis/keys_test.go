@@ -1,9 +1,12 @@
 package redis
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/lockagent/lockagent/backend"
 )
 
 // TestKeys: every key of a name, built as slices of one string, is the
@@ -24,4 +27,9 @@ func TestKeys(t *testing.T) {
 	assert.NotEqual(t, b.keys(digest).x, k.x)
 	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}$`, b.keys(digest).x)
 	assert.Regexp(t, `^pfx:lk:\{#[0-9a-f]{32}\}$`, b.keys("#tag").x)
+}
+
+// TestTicketLife: the scripts bound a ticket's life by backend.TicketLife.
+func TestTicketLife(t *testing.T) {
+	assert.Equal(t, strconv.FormatInt(backend.TicketLife.Milliseconds(), 10), ticketLifeMs)
 }

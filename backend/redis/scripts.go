@@ -168,6 +168,9 @@ if r then return r end
 return acquire(KEYS, ARGV)
 `)
 
+// ticketLifeMs is backend.TicketLife in milliseconds, for the scripts.
+const ticketLifeMs = "5000"
+
 // acquireFn is the acquire script as a function of its keys and
 // arguments, so that a batch (batchScript) can call it once per request.
 const acquireFn = `
@@ -226,7 +229,7 @@ local function held(retry)
       if #last > 0 then seq = tonumber(last[2]) + 1 end
       redis.call('ZADD', Q, seq, member)
     end
-    redis.call('ZADD', QE, clock() + ttl, member)
+    redis.call('ZADD', QE, clock() + math.min(ttl, ` + ticketLifeMs + `), member)
     expire_queue(Q, QE)
   end
   return {0, math.max(retry, 1)}
