@@ -352,7 +352,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 		case ended:
 			return AcquireResult{}, ErrSessionEnded
 		case left:
-			return AcquireResult{}, errSuperseded
+			return AcquireResult{}, errSuperseded // see forget
 		}
 		if ok && w.camp != nil {
 			// A campaign's term is granted under the rules of the moment,
@@ -398,7 +398,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 				// it had time to be answered; one sent just before the
 				// end, cut short by it, says nothing of the backend.
 				if !until.IsZero() && !time.Now().Before(until) {
-					if failed != nil || time.Since(asked) >= min(unansweredAfter, w.req.Wait/2) {
+					if failed != nil || !cutShort(asked, until, w.req.Wait) {
 						return AcquireResult{}, err
 					}
 					return a.denied(ctx, w.req.Name, ReasonTimeout), nil
@@ -441,9 +441,16 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 // acquire to fail as backend_unavailable rather than time out.
 const unansweredAfter = time.Second
 
-// errSuperseded: the acquire's connection is gone, and an acquire of a new
-// connection of the session took its place.
-var errSuperseded = errors.New("agent: a new connection of the session acquires the name")
+// cutShort tells an attempt sent at sent that the end of its wait (until,
+// after wait) cut short before it had time to be answered: it says
+// nothing of the backend.
+func cutShort(sent, until time.Time, wait time.Duration) bool {
+	return !until.IsZero() && !time.Now().Before(until) && time.Since(sent) < min(unansweredAfter, wait/2)
+}
+
+// errSuperseded, a cancellation: the acquire's connection is gone, and
+// another connection has the session.
+var errSuperseded = fmt.Errorf("agent: the connection is gone, and a new one has the session: %w", context.Canceled)
 
 // superseded tells whether w is being given up: an acquire of a
 // connection that is gone, or the attempt of a campaign that was stopped
@@ -505,7 +512,9 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Ticket: w.ticket, Deadline: deadline,
 	})
-	a.note(err)
+	if !errors.Is(err, backend.ErrUnavailable) || !cutShort(sent, until, req.Wait) {
+		a.note(err)
+	}
 	var held *backend.HeldError
 	switch {
 	case errors.As(err, &held):

@@ -144,6 +144,7 @@ type Agent struct {
 	done     chan struct{} // closed when Run has returned
 
 	unavailable atomic.Pointer[unavailability] // see note; nil while the backend answers
+	reachedAt   atomic.Int64                   // see note: a call reached the backend, in Unix ns
 }
 
 // New returns an agent for cfg. It starts nothing: call Run.

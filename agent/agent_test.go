@@ -366,6 +366,27 @@ func TestWaitEndsUnanswered(t *testing.T) {
 	})
 }
 
+// TestBackendErrorForgottenWhenIdle: a failure followed within 5 s by a
+// call that reaches the backend is forgotten 5 s after it, though no call
+// comes after (no lease to renew).
+func TestBackendErrorForgottenWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		s, _ := openSession(t, a)
+		f.failAcquire.Store(true)
+		_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: "n"})
+		require.ErrorIs(t, err, backend.ErrUnavailable)
+		f.failAcquire.Store(false)
+		time.Sleep(time.Second)
+		_, err = s.Inspect(context.Background(), "n")
+		require.NoError(t, err)
+		assert.NotEmpty(t, a.Stats().BackendError, "within 5 s of the failure")
+		time.Sleep(5 * time.Second)
+		assert.Empty(t, a.Stats().BackendError, "reached since, and no failure for 5 s")
+	})
+}
+
 // TestSessionEndsDuringABackoff: a waiter backing off after an outage
 // hears at once that its session ended, though it asks the backend again
 // only later.
@@ -738,8 +759,12 @@ func TestResumeEndsTheOldWaiters(t *testing.T) {
 		require.NoError(t, err)
 		// The requests' contexts are never cancelled, as if the socket
 		// server had yet to notice the old connection's end.
+		ended := make(chan error, 2)
 		for _, name := range []string{"x", "y"} {
-			go s.Acquire(context.Background(), agent.AcquireRequest{Name: name, Wait: agent.WaitForever, Conn: old})
+			go func() {
+				_, err := s.Acquire(context.Background(), agent.AcquireRequest{Name: name, Wait: agent.WaitForever, Conn: old})
+				ended <- err
+			}()
 		}
 		synctest.Wait()
 		require.Equal(t, 2, a.Stats().Waiters)
@@ -748,6 +773,9 @@ func TestResumeEndsTheOldWaiters(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 0, a.Stats().Waiters)
 		synctest.Wait() // the old waiters' goroutines, woken, take their tickets out of the backend's queue
+		for range 2 {
+			assert.ErrorIs(t, <-ended, context.Canceled, "the old acquires end as cancelled")
+		}
 		other, _ := openSession(t, a)
 		mustAcquire(t, other, agent.AcquireRequest{Name: "x", Mode: backend.Shared}) // a try, no longer behind the old waiter
 		mustAcquire(t, s, agent.AcquireRequest{Name: "a"})                           // within the session's 2 leases

@@ -17,8 +17,8 @@ type Stats struct {
 	Degraded bool // renewals are failing: some lease's last renewal had an unknown outcome
 
 	// The error of the last backend call, of any kind, that found the
-	// backend unavailable, and when it failed; "" once a call succeeds
-	// with none failing for errorHold.
+	// backend unavailable, and when it failed; "" errorHold after it once
+	// a call has reached the backend since.
 	// Renewals tell Degraded, and only while leases are at risk; this
 	// tells of a backend that acquires, releases and inspects cannot
 	// reach, with no lease to renew.
@@ -34,7 +34,7 @@ func (a *Agent) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := Stats{Sessions: len(a.sessions), Leases: len(a.leases), Waiters: a.waiters, Degraded: a.degraded}
-	if f := a.unavailable.Load(); f != nil {
+	if f := a.unavailable.Load(); f != nil && !a.recovered(f) {
 		st.BackendError, st.BackendErrorAt = f.err.Error(), f.at
 	}
 	return st
@@ -59,10 +59,23 @@ func (a *Agent) note(err error) {
 		a.unavailable.Store(&unavailability{err, time.Now()})
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 	default:
-		if f := a.unavailable.Load(); f != nil && time.Since(f.at) >= errorHold {
-			a.unavailable.CompareAndSwap(f, nil)
+		if f := a.unavailable.Load(); f != nil {
+			// A call within errorHold of the failure is kept, for Stats to
+			// forget the failure once errorHold has passed with no other,
+			// should no call come after.
+			if now := time.Now(); now.Sub(f.at) < errorHold {
+				a.reachedAt.Store(now.UnixNano())
+			} else {
+				a.unavailable.CompareAndSwap(f, nil)
+			}
 		}
 	}
+}
+
+// recovered tells that a call reached the backend after the failure f,
+// and no call failed for errorHold since f.
+func (a *Agent) recovered(f *unavailability) bool {
+	return a.reachedAt.Load() > f.at.UnixNano() && time.Since(f.at) >= errorHold
 }
 
 // errorHold is how long a failure to reach the backend is told after the

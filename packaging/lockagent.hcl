@@ -28,8 +28,13 @@ backend "memory" {}                 # locks for the processes of this host
 #   password_credential = "redis.password"
 # }
 #
-# Sentinels that want a password of their own get it from
-# /etc/credstore/lockagent.sentinel.password, loaded as sentinel.password:
+# Through Sentinel, whose sentinels want a password of their own, put in
+# /etc/credstore/lockagent.sentinel.password (loaded as sentinel.password):
+#
+# backend "redis" {
+#   addresses                    = ["10.0.0.5:26379", "10.0.0.6:26379", "10.0.0.7:26379"]
 #   master_name                  = "locks"
+#   password_credential          = "redis.password"
 #   sentinel_password_credential = "sentinel.password"
+# }
 
