@@ -133,6 +133,10 @@ type waiter struct {
 	asked   bool // it has asked the backend: its ticket may be queued there
 	granted bool
 	left    bool // out of its session, its queue and the counts (see forget)
+
+	// afterRelease, for a try, is closed once the releases of the name
+	// from a connection gone are done (see willRelease); nil if none.
+	afterRelease chan struct{}
 }
 
 // eligible tells whether w may ask the backend: every waiter ahead of it
@@ -271,6 +275,9 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 	if !w.queued && q != nil {
 		return nil, errBehindWaiters // a try never jumps ahead of queued waiters
 	}
+	if g := a.gone[req.Name]; g != nil && !w.queued {
+		w.afterRelease = g.done
+	}
 	if w.queued {
 		if a.waiters >= a.cfg.MaxWaiters {
 			return nil, fmt.Errorf("%w: %d waiters", ErrLimitExceeded, a.cfg.MaxWaiters)
@@ -306,6 +313,13 @@ func (a *Agent) run(ctx context.Context, name string, w *waiter, err error) (Acq
 	defer a.wg.Done()
 	defer a.leave(w)
 	if !w.queued {
+		if w.afterRelease != nil {
+			select {
+			case <-w.afterRelease:
+			case <-ctx.Done():
+				return AcquireResult{}, ctx.Err()
+			}
+		}
 		l, _, err := a.attempt(ctx, w, time.Time{})
 		switch {
 		case err != nil:

@@ -116,9 +116,10 @@ type Agent struct {
 	// fields. It is never held across a backend call or a blocking send.
 	mu       sync.Mutex
 	sessions map[string]*Session
-	leases   map[string]*lease // by lease id
-	queues   map[string]*queue // by name; present while it has waiters
-	waiters  int               // waiting acquires across every queue
+	leases   map[string]*lease       // by lease id
+	queues   map[string]*queue       // by name; present while it has waiters
+	gone     map[string]*goneRelease // by name; see willRelease
+	waiters  int                     // waiting acquires across every queue
 	sched    schedule
 	closing  bool      // Run is shutting down: no new sessions or grants
 	atRisk   int       // leases whose last renewal had an unknown outcome
@@ -158,6 +159,7 @@ func New(cfg Config) *Agent {
 		sessions: make(map[string]*Session),
 		leases:   make(map[string]*lease),
 		queues:   make(map[string]*queue),
+		gone:     make(map[string]*goneRelease),
 		perUID:   make(map[uint32]int),
 		sessUID:  make(map[uint32]int),
 		kick:     make(chan struct{}, 1),
@@ -314,6 +316,51 @@ func (a *Agent) retryRelease(l *lease) bool {
 
 // releaseLater releases leases in the background, on a goroutine Run waits
 // for. Callers hold a.mu.
+// goneRelease is the releases of a name's leases on their way to the
+// backend after their connection or session went (see willRelease).
+type goneRelease struct {
+	n    int
+	done chan struct{} // closed when n falls to 0
+}
+
+// willRelease notes that ls, dropped because their connection or session
+// went, are on their way to the backend, until releaseAll has released
+// them: a try of one of their names waits for that (see begin), so that an
+// application that reconnects at once is not refused the name its old
+// connection held. a.mu is held.
+func (a *Agent) willRelease(ls []*lease) {
+	for _, l := range ls {
+		g := a.gone[l.name]
+		if g == nil {
+			g = &goneRelease{done: make(chan struct{})}
+			a.gone[l.name] = g
+		}
+		g.n++
+	}
+}
+
+// releaseAll releases leases noted by willRelease in the backend, waiting
+// releaseTimeout at most; a release the backend was unavailable for is
+// tried again in the background (see releaseBackend).
+func (a *Agent) releaseAll(ls []*lease) {
+	if len(ls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for _, l := range ls {
+		a.releaseBackend(ctx, l)
+		a.mu.Lock()
+		if g := a.gone[l.name]; g != nil {
+			if g.n--; g.n == 0 {
+				close(g.done)
+				delete(a.gone, l.name)
+			}
+		}
+		a.mu.Unlock()
+	}
+}
+
 func (a *Agent) releaseLater(ls []*lease) {
 	if len(ls) == 0 {
 		return

@@ -817,6 +817,29 @@ func TestResumeAfterTheOldLeasesAreReleased(t *testing.T) {
 	}
 }
 
+// TestTryAfterTheConnectionWent: a try of a name whose lease is on its
+// way out of the backend, its connection gone, waits for the release
+// instead of being denied by it: an application that reconnects at once
+// gets the name its old connection held.
+func TestTryAfterTheConnectionWent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, f, stop := run(t, agent.Config{})
+		defer stop()
+		old, c := openSession(t, a)
+		mustAcquire(t, old, agent.AcquireRequest{Name: "x"})
+		f.releaseDelay.Store(int64(100 * time.Millisecond))
+		go old.Detach(c)
+		synctest.Wait() // the connection is closed; its release is on its way
+		c.mu.Lock()
+		require.True(t, c.closed)
+		c.mu.Unlock()
+		s, _ := openSession(t, a)
+		start := time.Now()
+		mustAcquire(t, s, agent.AcquireRequest{Name: "x"})
+		assert.Equal(t, 100*time.Millisecond, time.Since(start), "once the release was done")
+	})
+}
+
 // TestAcquireAfterAResumeAtTheCaps: the acquire that takes the place of
 // the old connection's (cancelled at the resume, its backend call not
 // yet back) is not refused by the limits, which that old acquire, being

@@ -203,6 +203,7 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 	if s.conn != nil {
 		old := s.conn
 		gone = s.detach()
+		a.willRelease(gone)
 		old.Close()
 	}
 	if s.expiry != nil {
@@ -227,20 +228,6 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		<-releasing
 	}
 	return s, nil
-}
-
-// releaseAll releases leases the agent has dropped in the backend,
-// waiting releaseTimeout at most; a release the backend was unavailable
-// for is tried again in the background (see releaseBackend).
-func (a *Agent) releaseAll(leases []*lease) {
-	if len(leases) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	for _, l := range leases {
-		a.releaseBackend(ctx, l)
-	}
 }
 
 // Detach tells the session that conn is gone, and closes it. Its
@@ -270,6 +257,7 @@ func (s *Session) Detach(conn Conn) {
 		})
 		s.expiry = expiry
 	}
+	a.willRelease(gone)
 	releasing := make(chan struct{})
 	s.releasing = releasing
 	a.mu.Unlock()
