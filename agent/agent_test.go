@@ -786,11 +786,10 @@ func TestResumeEndsTheOldWaiters(t *testing.T) {
 	})
 }
 
-// TestResumeAfterTheOldLeasesAreReleased: a resume returns once the old
-// connection's connection-scoped leases are released in the backend, by
-// the resume itself or by the Detach of a connection that just went, so
-// that the new connection is not refused a name its own old lease holds
-// there.
+// TestResumeAfterTheOldLeasesAreReleased: the new connection's try of a
+// name the old connection held, its release on the way to the backend
+// (by the resume itself, or by the Detach of a connection that just
+// went), waits for the release instead of being denied by the old lease.
 func TestResumeAfterTheOldLeasesAreReleased(t *testing.T) {
 	for _, detached := range []bool{false, true} {
 		t.Run(fmt.Sprint("detached=", detached), func(t *testing.T) {
@@ -808,9 +807,6 @@ func TestResumeAfterTheOldLeasesAreReleased(t *testing.T) {
 				}
 				_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
 				require.NoError(t, err)
-				info, err := f.Inspect(context.Background(), "x")
-				require.NoError(t, err)
-				assert.Empty(t, info.Holders, "released in the backend before the resume returned")
 				mustAcquire(t, s, agent.AcquireRequest{Name: "x"})
 			})
 		})

@@ -109,7 +109,6 @@ type Session struct {
 	detaches  int                  // connections gone: their acquires are being given up
 	campaigns map[string]*campaign // by name
 	expiry    *time.Timer          // ends a detached session
-	releasing chan struct{}        // closed once the last Detach released its leases
 	ended     bool
 }
 
@@ -189,21 +188,26 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		return nil, err
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.closing {
-		a.mu.Unlock()
 		return nil, ErrShuttingDown
 	}
 	s := a.sessions[id]
 	if s == nil || s.ended || s.uid != peer.UID ||
 		subtle.ConstantTimeCompare([]byte(s.token), []byte(token)) != 1 {
-		a.mu.Unlock()
 		return nil, ErrSessionExpired
 	}
-	var gone []*lease
 	if s.conn != nil {
 		old := s.conn
-		gone = s.detach()
+		gone := s.detach()
+		// The new connection's tries of these names wait for their
+		// release (see willRelease).
 		a.willRelease(gone)
+		a.wg.Add(1) // under a.mu, not closing: before Run waits
+		go func() {
+			defer a.wg.Done()
+			a.releaseAll(gone)
+		}()
 		old.Close()
 	}
 	if s.expiry != nil {
@@ -217,16 +221,6 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		conn.Send(ev)
 	}
 	s.backlog = nil
-	releasing := s.releasing
-	a.mu.Unlock()
-	// The resume is answered once the old connection's connection-scoped
-	// leases are released in the backend, by this resume or by the
-	// Detach of a connection that just went, so that the new connection
-	// is not refused a name its own old lease still holds there.
-	a.releaseAll(gone)
-	if releasing != nil {
-		<-releasing
-	}
 	return s, nil
 }
 
@@ -258,15 +252,12 @@ func (s *Session) Detach(conn Conn) {
 		s.expiry = expiry
 	}
 	a.willRelease(gone)
-	releasing := make(chan struct{})
-	s.releasing = releasing
 	a.mu.Unlock()
 	// The connection is closed before the backend is asked: its end is the
 	// application's notice that its connection-scoped leases are gone, and
 	// a backend that does not answer must not hold it open meanwhile.
 	conn.Close()
 	a.releaseAll(gone)
-	close(releasing)
 }
 
 // detach drops the connection and its connection-scoped leases, and returns
