@@ -314,8 +314,6 @@ func (a *Agent) retryRelease(l *lease) bool {
 	return true
 }
 
-// releaseLater releases leases in the background, on a goroutine Run waits
-// for. Callers hold a.mu.
 // goneRelease is the releases of a name's leases on their way to the
 // backend after their connection or session went (see willRelease).
 type goneRelease struct {
@@ -361,6 +359,8 @@ func (a *Agent) releaseAll(ls []*lease) {
 	}
 }
 
+// releaseLater releases leases in the background, on a goroutine Run waits
+// for. Callers hold a.mu.
 func (a *Agent) releaseLater(ls []*lease) {
 	if len(ls) == 0 {
 		return
