@@ -121,6 +121,31 @@ func TestRunElectTree(t *testing.T) {
 	require.Equal(t, 143, p.wait(t, exitTimeout), "run's exit status")
 }
 
+// TestRunKeepsIgnoredSignals: a SIGHUP or SIGINT ignored when run starts
+// (nohup, a script's background job) stays ignored by run and by the
+// command; the others are still passed on.
+func TestRunKeepsIgnoredSignals(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	e.start(t)
+	status := filepath.Join(t.TempDir(), "status")
+	p := startProc(t, "run", e.clientEnv(), "sh", "-c", fmt.Sprintf(`trap '' HUP INT; exec %q run sig/ignored -- sh -c 'grep SigIgn /proc/self/status > %q; exec sleep 300'`,
+		lockagentBin, status))
+	var line []byte
+	eventually(t, exitTimeout, "the command starts", func() bool {
+		line, _ = os.ReadFile(status)
+		return bytes.HasSuffix(line, []byte("\n"))
+	})
+	mask, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(string(line), "SigIgn:")), 16, 64)
+	require.NoError(t, err, "SigIgn in %q", line)
+	require.Equal(t, uint64(1<<(syscall.SIGHUP-1)|1<<(syscall.SIGINT-1)), mask&(1<<(syscall.SIGHUP-1)|1<<(syscall.SIGINT-1)),
+		"the command inherits the ignored SIGHUP and SIGINT (SigIgn %#x)", mask)
+	// run ignores the SIGHUP, and passes the SIGTERM on.
+	p.signal(t, syscall.SIGHUP)
+	p.signal(t, syscall.SIGTERM)
+	require.Equal(t, 143, p.wait(t, exitTimeout), "run's exit status: the command's, killed by SIGTERM, not SIGHUP")
+}
+
 // readPIDFile waits for a command to write a pid into path, and kills
 // that process at the end of the test if it still runs.
 func readPIDFile(t *testing.T, path string) int {

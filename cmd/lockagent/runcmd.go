@@ -73,7 +73,9 @@ func runCmd(args []string, stderr io.Writer) error {
 	// Signals that would stop us go to the command instead, once it runs;
 	// until then they stop run.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	if relay := relayedSignals(); len(relay) > 0 {
+		signal.Notify(sigs, relay...)
+	}
 	defer signal.Stop(sigs)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -178,6 +180,21 @@ func runCmd(args []string, stderr io.Writer) error {
 			cmd.stop(syscall.SIGKILL, stderr)
 		}
 	}
+}
+
+// relayedSignals are the signals run passes on to the command: SIGTERM,
+// SIGINT, SIGHUP and SIGQUIT, but for a SIGHUP or SIGINT ignored when run
+// started (under nohup, or as a background job of a script), which stay
+// ignored, by run and by the command, which inherits that. Go's runtime
+// keeps only those two ignored; it handles the others itself.
+func relayedSignals() []os.Signal {
+	var relay []os.Signal
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT} {
+		if !signal.Ignored(sig) {
+			relay = append(relay, sig)
+		}
+	}
+	return relay
 }
 
 // connectTimeout bounds reaching the agent and saying hello.
