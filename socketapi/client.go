@@ -6,12 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/lockagent/lockagent/config"
 )
@@ -194,14 +197,21 @@ func (c *Client) Close() error {
 func (c *Client) read() {
 	defer close(c.done)
 	defer close(c.events)
-	sc := bufio.NewScanner(c.nc)
-	sc.Buffer(make([]byte, 4096), 16<<20)
-	for sc.Scan() {
+	// The agent's lines have no length limit: a list answer grows with
+	// the sessions it shows.
+	r := bufio.NewReaderSize(c.nc, 64<<10)
+	var rerr error
+	var reason *Error // the agent's last error that answers no request
+	for {
+		var line []byte
+		if line, rerr = r.ReadBytes('\n'); rerr != nil {
+			break
+		}
 		var head struct {
 			ID    json.RawMessage `json:"id"`
 			Event string          `json:"event"`
+			Error *Error          `json:"error"`
 		}
-		line := sc.Bytes()
 		if err := json.Unmarshal(line, &head); err != nil {
 			continue
 		}
@@ -212,6 +222,12 @@ func (c *Client) read() {
 			}
 			continue
 		}
+		if string(head.ID) == "null" {
+			// Why the agent closes the connection: a limit reached, a
+			// line too long.
+			reason = head.Error
+			continue
+		}
 		c.mu.Lock()
 		p, ok := c.pending[string(head.ID)]
 		delete(c.pending, string(head.ID))
@@ -219,7 +235,7 @@ func (c *Client) read() {
 		if !ok {
 			continue
 		}
-		body := append([]byte(nil), line...)
+		body := line
 		if p.abandoned {
 			p.orphan(body)
 			continue
@@ -230,7 +246,10 @@ func (c *Client) read() {
 		p.ch <- response{body: body}
 	}
 	err := ErrClosed
-	if rerr := sc.Err(); rerr != nil {
+	switch {
+	case reason != nil:
+		err = fmt.Errorf("%w: %w", ErrClosed, reason)
+	case rerr != io.EOF:
 		err = fmt.Errorf("%w: %w", ErrClosed, rerr)
 	}
 	c.mu.Lock()
@@ -369,10 +388,38 @@ func (c *Client) send(op string, args any, p pendingCall) (string, error) {
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
-		return "", fmt.Errorf("%s: %w", op, err)
+		return "", fmt.Errorf("%s: %w", op, c.writeFailed(err))
 	}
 	return id, nil
 }
+
+// writeFailed is the error of a write that failed with err. When the
+// agent closed the connection, it may have said why first (a limit
+// reached): the reading goroutine soon reads that, and its reason is the
+// error.
+func (c *Client) writeFailed(err error) error {
+	if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		return err
+	}
+	t := time.NewTimer(closeReasonWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var reason *Error
+	if !errors.As(c.err, &reason) {
+		return err
+	}
+	return c.err
+}
+
+// closeReasonWait bounds how long a failed write waits for the agent's
+// reason for closing the connection.
+const closeReasonWait = time.Second
 
 // requestLine builds {"id":id,"op":op,...args}.
 func requestLine(id, op string, args any) ([]byte, error) {

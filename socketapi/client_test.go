@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -402,9 +403,6 @@ func (p *scripted) send(format string, args ...any) {
 	require.NoError(p.t, err)
 }
 
-// TestClientAbandonedGrant: a grant that arrives after its Acquire gave
-// up is released, and a later Acquire of the name waits for that release
-// (else it would be refused as already held).
 // dialScripted connects a client to a scripted agent and returns both
 // ends; the client is closed at the end of the test.
 func dialScripted(t *testing.T) (*socketapi.Client, *scripted) {
@@ -416,6 +414,60 @@ func dialScripted(t *testing.T) (*socketapi.Client, *scripted) {
 	return c, accept()
 }
 
+// TestClientLongAnswer: the agent's lines have no length limit, and the
+// client reads one of 20 MiB (a list of many sessions).
+func TestClientLongAnswer(t *testing.T) {
+	c, p := dialScripted(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	meta := strings.Repeat("m", 20<<20)
+	go func() {
+		m := p.expect("list")
+		p.send(`{"id":%v,"ok":true,"meta":%q}`, m["id"], meta)
+	}()
+	var res struct{ Meta string }
+	require.NoError(t, c.Call(ctx, "list", nil, &res))
+	require.Equal(t, len(meta), len(res.Meta))
+}
+
+// TestClientCloseReason: when the agent closes a connection and says why
+// (a limit, a line too long), the calls that fail with the connection
+// carry that reason, also a call whose write found the connection closed.
+func TestClientCloseReason(t *testing.T) {
+	ta := startAgent(t, func(o *options) {
+		o.server.MaxConnsPerUID = 1
+		o.server.MaxLineBytes = 1024
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := socketapi.Dial(ctx, ta.path)
+	require.NoError(t, err)
+	defer first.Close()
+	require.NoError(t, first.Ping(ctx))
+
+	t.Run("a limit", func(t *testing.T) {
+		c, err := socketapi.Dial(ctx, ta.path)
+		require.NoError(t, err)
+		defer c.Close()
+		// The ping's write may find the connection closed, or not yet.
+		err = c.Ping(ctx)
+		require.ErrorIs(t, err, socketapi.ErrLimitExceeded)
+		require.ErrorIs(t, err, socketapi.ErrClosed)
+		require.ErrorContains(t, err, "too many connections")
+	})
+
+	t.Run("a line too long", func(t *testing.T) {
+		_, err := first.Inspect(ctx, strings.Repeat("n", 2000))
+		var se *socketapi.Error
+		require.ErrorAs(t, err, &se)
+		require.Equal(t, socketapi.CodeLineTooLong, se.Code, "%v", err)
+		require.ErrorIs(t, err, socketapi.ErrClosed)
+	})
+}
+
+// TestClientAbandonedGrant: a grant that arrives after its Acquire gave
+// up is released, and a later Acquire of the name waits for that release
+// (else it would be refused as already held).
 func TestClientAbandonedGrant(t *testing.T) {
 	c, p := dialScripted(t)
 	ctx := context.Background()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,18 +109,10 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("list: %w", err)
 		}
 		if *asJSON {
-			// The agent's result as it came: every field, campaigns
-			// included, and fields of later agents too; not the wire's
-			// id and ok.
-			var fields map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &fields); err != nil {
+			if err := printResult(stdout, raw); err != nil {
 				return fmt.Errorf("list: %w", err)
 			}
-			delete(fields, "id")
-			delete(fields, "ok")
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(fields)
+			return nil
 		}
 		var res listResult
 		if err := json.Unmarshal(raw, &res); err != nil {
@@ -276,6 +267,20 @@ type statusResult struct {
 	Waiters      int    `json:"waiters"`
 }
 
+// printResult prints an answer's result as JSON, as the agent sent it:
+// every field, and fields of later agents too; not the wire's id and ok.
+func printResult(stdout io.Writer, raw json.RawMessage) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return err
+	}
+	delete(fields, "id")
+	delete(fields, "ok")
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(fields)
+}
+
 // status prints the agent's status, as lines of "key: value" or as JSON.
 func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) error {
 	c, err := dial(ctx, socket, "lockagent ctl")
@@ -288,14 +293,10 @@ func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) e
 		return fmt.Errorf("status: %w", err)
 	}
 	if asJSON {
-		// Every field the agent sends, as it sends it.
-		var out bytes.Buffer
-		if err := json.Indent(&out, raw, "", "  "); err != nil {
+		if err := printResult(stdout, raw); err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
-		out.WriteByte('\n')
-		_, err := out.WriteTo(stdout)
-		return err
+		return nil
 	}
 	var res statusResult
 	if err := json.Unmarshal(raw, &res); err != nil {

@@ -509,6 +509,9 @@ func TestCtlInspect(t *testing.T) {
 		r = lockagent(t, e.clientEnv(), "ctl", sub, "bad name")
 		requireCode(t, 2, r, "ctl "+sub+" of a name the agent refuses: a usage error")
 		require.Contains(t, r.stderr, "invalid_name")
+		r = lockagent(t, e.clientEnv(), "ctl", sub, strings.Repeat("n", 70000))
+		requireCode(t, 2, r, "ctl "+sub+" of a name longer than a line may be")
+		require.Contains(t, r.stderr, "line_too_long")
 	}
 
 	// Flags may follow the name; after "--", a name may look like a flag.
@@ -779,6 +782,9 @@ func TestRun(t *testing.T) {
 			{strings.Repeat("n", 300), "--", "true"},
 			{"-ttl", "100h", "run/usage", "--", "true"},
 			{"-elect", strings.Repeat("n", 300), "--", "true"},
+			// A name longer than the agent's max_line_bytes.
+			{strings.Repeat("n", 70000), "--", "true"},
+			{"-elect", strings.Repeat("n", 70000), "--", "true"},
 		} {
 			r := lockagent(t, env, append([]string{"run"}, args...)...)
 			requireCode(t, 2, r, fmt.Sprintf("run %.40q", args))

@@ -284,10 +284,12 @@ func (c *command) relay(sig os.Signal) {
 const maxAttempt = 30 * time.Second
 
 // badArgument tells whether the agent refused a request for its arguments
-// (the name, the TTL): a mistake on the command line.
+// (the name, the TTL, a line too long for the agent's max_line_bytes): a
+// mistake on the command line.
 func badArgument(err error) bool {
 	var se *socketapi.Error
-	return errors.As(err, &se) && (se.Code == socketapi.CodeInvalidName || se.Code == socketapi.CodeInvalidArgument)
+	return errors.As(err, &se) && (se.Code == socketapi.CodeInvalidName || se.Code == socketapi.CodeInvalidArgument ||
+		se.Code == socketapi.CodeLineTooLong)
 }
 
 // byeTimeout bounds how long run waits, once the command has ended, for

@@ -30,6 +30,10 @@ func TestCtlStatus(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
 	assert.Equal(t, statusResult{Version: testVersion, UptimeMs: st.UptimeMs, Backend: "memory", BackendState: "ok", Sessions: 3, Leases: 3}, st)
 	assert.GreaterOrEqual(t, st.UptimeMs, int64(0))
+	var fields map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &fields))
+	assert.NotContains(t, fields, "id", "the wire's id")
+	assert.NotContains(t, fields, "ok", "the wire's ok")
 
 	requireCode(t, 2, lockagent(t, env, "ctl", "status", "extra"), "ctl status with an argument")
 	requireCode(t, 1, lockagent(t, []string{"LOCKAGENT_SOCKET=" + e.dir + "/none"}, "ctl", "status"), "ctl status without an agent")
