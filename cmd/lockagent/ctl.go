@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/lockagent/lockagent/socketapi"
 )
@@ -207,7 +209,7 @@ func printList(w io.Writer, res listResult) {
 		if wait == "" {
 			wait = "-"
 		}
-		client := s.Client
+		client := shown(s.Client)
 		if client == "" {
 			client = "-"
 		}
@@ -223,6 +225,19 @@ func printList(w io.Writer, res listResult) {
 		}
 	}
 	tw.Flush()
+}
+
+// shown is text a client chose (its client name, a lease's meta) as a
+// table shows it: quoted, with escapes, if it holds a character that is
+// not printable (a newline, a tab, a terminal's escape), which could
+// otherwise forge rows or drive the reader's terminal.
+func shown(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 func printInspect(w io.Writer, name string, raw json.RawMessage) error {
@@ -249,7 +264,7 @@ func printInspect(w io.Writer, name string, raw json.RawMessage) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tTOKEN\tHOST\tEXPIRES IN\tMETA")
 	for _, h := range res.Holders {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, h.Host, ms(h.ExpiresInMs), h.Meta)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, shown(h.Host), ms(h.ExpiresInMs), shown(h.Meta))
 	}
 	return tw.Flush()
 }

@@ -433,9 +433,17 @@ func TestCtlList(t *testing.T) {
 	require.True(t, found, "no session of e2e-holder in %+v", res)
 	require.NotEmpty(t, listing("-all").Sessions, "ctl list -all as the agent's own uid")
 
+	// A client name can hold anything: the table quotes what is not
+	// printable, so that it cannot forge rows or reach the terminal.
+	const forged = "forged\nrow\t\x1b[2J"
+	mustAcquire(t, dialAgent(t, e.socket, forged), "ctl/forged", nil)
+
 	// The table, found through -socket this time.
 	r := lockagent(t, nil, "ctl", "list", "-socket", e.socket)
 	requireCode(t, 0, r, "ctl list")
+	require.Contains(t, r.stdout, strconv.Quote(forged))
+	require.NotContains(t, r.stdout, "\x1b")
+	require.NotContains(t, r.stdout, "\nrow")
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
 	require.Regexp(t, `^SESSION\s+PID\s+UID\s+CLIENT\s+LOCK\s+MODE\s+SCOPE\s+TOKEN\s+HELD FOR\s+EXPIRES IN\s+WAITING$`, lines[0])
 	var row, waitRow []string
@@ -488,6 +496,15 @@ func TestCtlInspect(t *testing.T) {
 	require.Len(t, f, 5, "holder row %q", lines[2])
 	require.Equal(t, []string{"exclusive", strconv.FormatUint(l.Token, 10), host}, f[:3])
 	require.Equal(t, "job-17", f[4])
+
+	// A meta can hold anything: the table quotes what is not printable.
+	const forged = "job\nexclusive 1 forged\x1b[0m"
+	mustAcquire(t, app, "ctl/forged", map[string]any{"meta": forged})
+	r = lockagent(t, e.clientEnv(), "ctl", "inspect", "ctl/forged")
+	requireCode(t, 0, r, "ctl inspect of a name whose meta is not printable")
+	lines = strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	require.Len(t, lines, 3, "ctl inspect output:\n%s", r.stdout)
+	require.True(t, strings.HasSuffix(lines[2], strconv.Quote(forged)), "holder row %q", lines[2])
 
 	// Shared holders are each listed.
 	other := dialAgent(t, e.socket, "e2e-other")
