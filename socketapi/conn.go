@@ -46,7 +46,8 @@ type conn struct {
 	mu       sync.Mutex
 	out      [][]byte
 	spare    [][]byte // the other of two queues that drain swaps
-	outBytes int
+	outBytes int      // the bytes of out
+	outMax   int      // the longest line of out
 	held     [][]byte // events held back until the hello response is queued
 	holding  bool
 	writing  bool // a goroutine is draining out; it is the only writer
@@ -252,8 +253,7 @@ func (c *conn) releaseEvents() {
 	held := c.held
 	c.held, c.holding = nil, false
 	for _, line := range held {
-		c.out = append(c.out, line)
-		c.outBytes += len(line)
+		c.push(line)
 	}
 	c.mu.Unlock()
 	c.enqueue(nil, true)
@@ -277,9 +277,15 @@ func (c *conn) queue(line []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
-		c.out = append(c.out, line)
-		c.outBytes += len(line)
+		c.push(line)
 	}
+}
+
+// push adds a line to the output queue. c.mu is held.
+func (c *conn) push(line []byte) {
+	c.out = append(c.out, line)
+	c.outBytes += len(line)
+	c.outMax = max(c.outMax, len(line))
 }
 
 // enqueue adds a line (if not nil) to the output queue and sees that it is
@@ -293,17 +299,17 @@ func (c *conn) enqueue(line []byte, inline bool) {
 		c.mu.Unlock()
 		return
 	}
-	// The bound is on what waits unwritten, so that one large answer (a
-	// list of many sessions) still goes out to a reader that keeps up.
-	if c.outBytes > c.srv.MaxQueueBytes {
+	// The bound is on what waits unwritten but for its longest line, so
+	// that one large answer (a list of many sessions) still goes out to
+	// a reader that keeps up, also with lines queued behind it.
+	if c.outBytes-c.outMax > c.srv.MaxQueueBytes {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
 		c.closeSocket()
 		c.mu.Unlock()
 		return
 	}
 	if line != nil {
-		c.out = append(c.out, line)
-		c.outBytes += len(line)
+		c.push(line)
 	}
 	if c.writing || len(c.out) == 0 {
 		c.mu.Unlock()
@@ -333,7 +339,7 @@ func (c *conn) drain() {
 			return
 		}
 		batch := c.out
-		c.out, c.spare, c.outBytes = c.spare, nil, 0
+		c.out, c.spare, c.outBytes, c.outMax = c.spare, nil, 0, 0
 		c.mu.Unlock()
 
 		var err error
@@ -356,7 +362,7 @@ func (c *conn) drain() {
 			if !c.closed { // cut off meanwhile (enqueue)
 				c.closeSocket()
 			}
-			c.out, c.outBytes = nil, 0
+			c.out, c.outBytes, c.outMax = nil, 0, 0
 			c.writing = false
 			c.mu.Unlock()
 			return

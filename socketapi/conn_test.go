@@ -1,0 +1,54 @@
+package socketapi
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLargeAnswerBehindAWrite: a large answer queued while the writer is
+// busy with earlier lines is not counted against the output bound, and
+// the lines queued behind it go out too.
+func TestLargeAnswerBehindAWrite(t *testing.T) {
+	nc, peer := socketPair(t)
+	srv := &Server{Logger: hclog.NewNullLogger(), MaxQueueBytes: 4096, WriteTimeout: 10 * time.Second}
+	srv.setDefaults()
+	fd, raw := descriptor(nc)
+	c := &conn{srv: srv, nc: nc, fd: fd, w: newLineWriter(nc, raw, srv.WriteTimeout), log: srv.Logger, end: func() {}}
+	defer c.writerWG.Wait()
+	defer c.Close()
+
+	// A line larger than the socket's buffer keeps a writer busy until
+	// the peer reads.
+	first := bigLine()
+	c.enqueue(first, false)
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.writing && len(c.out) == 0
+	}, 5*time.Second, time.Millisecond, "the writer takes the line")
+
+	event := []byte(`{"event":"backend","state":"degraded"}` + "\n")
+	answer := append(bytes.Repeat([]byte("a"), 3*srv.MaxQueueBytes), '\n')
+	pong := []byte(`{"id":1,"ok":true,"pong":true}` + "\n")
+	for _, line := range [][]byte{event, answer, pong} {
+		c.enqueue(line, true)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	require.False(t, closed, "the connection was cut off")
+
+	want := bytes.Join([][]byte{first, event, answer, pong}, nil)
+	got := readAll(peer, len(want))
+	select {
+	case b := <-got:
+		require.Equal(t, len(want), len(b))
+		require.True(t, bytes.Equal(want, b), "the lines arrive whole and in order")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lines did not arrive")
+	}
+}
