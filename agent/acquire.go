@@ -253,6 +253,12 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 	defer a.mu.Unlock()
 	w.attached = s.detaches
 	busy, replaces := s.pendingFor(req.Name)
+	// A campaign's first attempt takes over the place the campaign
+	// reserved in its uid's count.
+	reserved := 0
+	if camp != nil && camp.reserved {
+		reserved = 1
+	}
 	switch {
 	case a.closing:
 		return nil, ErrShuttingDown
@@ -268,7 +274,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		return nil, invalidArg("an acquire of %q is already in progress in this session", req.Name)
 	case camp == nil && s.held()-replaces >= a.cfg.MaxLeasesPerSession:
 		return nil, fmt.Errorf("%w: %d leases per session", ErrLimitExceeded, a.cfg.MaxLeasesPerSession)
-	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid]-replaces >= a.cfg.MaxLeasesPerUID:
+	case a.cfg.MaxLeasesPerUID > 0 && a.perUID[s.uid]-replaces-reserved >= a.cfg.MaxLeasesPerUID:
 		return nil, fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
 	q := a.queues[req.Name]
@@ -293,7 +299,11 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		s.pending = make(map[string]*waiter)
 	}
 	s.pending[req.Name] = w
-	a.perUID[s.uid]++
+	if reserved == 1 {
+		camp.reserved = false
+	} else {
+		a.perUID[s.uid]++
+	}
 	// Run waits for acquires in flight (closing is false here, under
 	// a.mu), so that a grant that lands during shutdown is released before
 	// the backend closes.
@@ -584,6 +594,8 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	}
 	a.addLease(l)
 	w.granted = true
+	// The name counts as held now, no more as pending too.
+	a.forget(w)
 	if req.Granted != nil {
 		req.Granted(l.public())
 	}

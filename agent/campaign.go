@@ -43,6 +43,20 @@ type campaign struct {
 	done   chan struct{} // closed when its loop has returned
 	ended  chan struct{} // a value when the current term has ended
 	term   *lease        // the current term's lease, nil while contending
+	// reserved: the campaign has a place in its uid's count (see
+	// Agent.perUID) from its start until its first attempt takes the
+	// place over, so that campaigns asked for at once cannot together
+	// pass max_leases_per_uid. a.mu guards it.
+	reserved bool
+}
+
+// unreserve gives up c's place in its uid's count, if it still has it.
+// a.mu is held.
+func (c *campaign) unreserve() {
+	if c.reserved {
+		c.reserved = false
+		c.s.a.uncount(c.s.uid)
+	}
 }
 
 // termEnded records that l, a term of c, has ended. a.mu is held.
@@ -100,7 +114,8 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &campaign{id: newID("c_"), s: s, req: ar, cancel: cancel,
-		done: make(chan struct{}), ended: make(chan struct{}, 1)}
+		done: make(chan struct{}), ended: make(chan struct{}, 1), reserved: true}
+	a.perUID[s.uid]++
 	// The elected event goes out with the grant, under a.mu, before any
 	// event of the new lease.
 	c.req.Granted = func(l Lease) {
@@ -125,6 +140,11 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 	defer a.wg.Done()
 	defer close(c.done)
+	defer func() {
+		a.mu.Lock()
+		c.unreserve()
+		a.mu.Unlock()
+	}()
 	failing := false // the last attempt failed: say so once a streak
 	for {
 		// Each term is a new grant, under the rules of the moment: a
@@ -208,6 +228,7 @@ func (c *campaign) stop() *lease {
 	if c.s.campaigns[c.req.Name] == c {
 		delete(c.s.campaigns, c.req.Name)
 	}
+	c.unreserve()
 	c.cancel()
 	return c.term
 }

@@ -304,3 +304,27 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestCampaignsAtTheUIDLimit: campaigns asked for at once count against
+// max_leases_per_uid from their start, before their first attempt: the
+// one past the limit is refused, not accepted to contend in vain; a
+// resigned campaign's place is free again.
+func TestCampaignsAtTheUIDLimit(t *testing.T) {
+	a, _, stop := run(t, agent.Config{MaxLeasesPerUID: 2})
+	defer stop()
+	holder, err := a.Open(agent.Peer{UID: 1}, agent.SessionOptions{}, &conn{})
+	require.NoError(t, err)
+	for _, name := range []string{"a", "b"} {
+		mustAcquire(t, holder, agent.AcquireRequest{Name: name})
+	}
+	s, _ := openSession(t, a)
+	first, err := s.Campaign(agent.CampaignRequest{Name: "a"})
+	require.NoError(t, err)
+	_, err = s.Campaign(agent.CampaignRequest{Name: "b"})
+	require.NoError(t, err)
+	_, err = s.Campaign(agent.CampaignRequest{Name: "c"})
+	require.ErrorIs(t, err, agent.ErrLimitExceeded)
+	require.NoError(t, s.Resign(context.Background(), first))
+	_, err = s.Campaign(agent.CampaignRequest{Name: "c"})
+	require.NoError(t, err, "the resigned campaign's place")
+}
