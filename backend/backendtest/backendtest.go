@@ -63,6 +63,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"Watch", testWatch},
 		{"QueueOrder", testQueueOrder},
 		{"QueueShared", testQueueShared},
+		{"QueueSemaphore", testQueueSemaphore},
 		{"QueueWakesTheHead", testQueueWakesTheHead},
 		{"QueueTicketExpires", testQueueTicketExpires},
 		{"QueueTicketLife", testQueueTicketLife},
@@ -745,6 +746,53 @@ func testQueueShared(t *testing.T, b backend.Backend) {
 	mustRelease(t, b, lease(s2))
 	mustDeny(t, b, s3)
 	mustAcquire(t, b, x2)
+}
+
+// testQueueSemaphore: under a limit, the places that free up go to the
+// shared waiters at the head in the order they queued, whichever asks
+// first.
+func testQueueSemaphore(t *testing.T, b backend.Backend) {
+	const name = "queue/semaphore"
+	limited := func(req backend.AcquireRequest) backend.AcquireRequest {
+		req.Limit = 2
+		return req
+	}
+	h1, h2 := limited(request(name, "h1", backend.Shared)), limited(request(name, "h2", backend.Shared))
+	mustAcquire(t, b, h1)
+	mustAcquire(t, b, h2)
+	var ws []backend.AcquireRequest
+	for _, id := range []string{"w1", "w2", "w3", "w4"} {
+		w := limited(waiter(name, id, backend.Shared))
+		mustDeny(t, b, w)
+		ws = append(ws, w)
+	}
+	requireQueued(t, b, name, 4)
+
+	// One place frees: it is w1's, not the first to ask's.
+	mustRelease(t, b, lease(h1))
+	retry := mustDeny(t, b, ws[3])
+	require.LessOrEqual(t, retry, ttl, "RetryIn: at most until the next holder expires")
+	mustDeny(t, b, ws[1])
+	mustAcquire(t, b, ws[0])
+	mustDeny(t, b, ws[2])
+
+	// Two places free: w2's and w3's; w4 waits for the next.
+	mustRelease(t, b, lease(h2))
+	mustRelease(t, b, lease(ws[0]))
+	mustDeny(t, b, ws[3])
+	mustAcquire(t, b, ws[2])
+	mustDeny(t, b, ws[3])
+	mustAcquire(t, b, ws[1])
+	mustDeny(t, b, ws[3])
+	requireQueued(t, b, name, 1)
+
+	// A waiter that leaves gives its turn to the next.
+	mustRelease(t, b, lease(ws[1]))
+	w5 := limited(waiter(name, "w5", backend.Shared))
+	mustDeny(t, b, w5)
+	require.NoError(t, b.Leave(t.Context(), name, ws[3].Ticket))
+	mustAcquire(t, b, w5)
+	requireQueued(t, b, name, 0)
 }
 
 // testQueueWakesTheHead: a release wakes the waiter at the head, not the

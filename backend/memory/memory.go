@@ -174,10 +174,11 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			h.expires = now.Add(req.TTL)
 			return backend.Grant{Token: h.token}, nil
 		}
-		if retryIn, ok := e.mayAsk(req, now); !ok {
+		ahead, retryIn, ok := e.mayAsk(req, now)
+		if !ok {
 			return backend.Grant{}, &backend.HeldError{RetryIn: retryIn}
 		}
-		if retryIn, denied := e.conflict(req, now); denied {
+		if retryIn, denied := e.conflict(req, ahead, now); denied {
 			e.enqueue(req, now)
 			return backend.Grant{}, &backend.HeldError{RetryIn: retryIn}
 		}
@@ -442,20 +443,27 @@ func (e *entry) index(id string) int {
 
 // mayAsk tells whether req may be granted as far as the queue goes: a try
 // only when nobody queues, a waiter when its ticket is at the head (see
-// headGroup) or the queue is empty. A waiter that may not ask joins the
-// queue (or renews its place); the retry hint is when the head ticket
-// expires if nobody renews it.
-func (e *entry) mayAsk(req backend.AcquireRequest, now time.Time) (time.Duration, bool) {
+// headGroup) or the queue is empty; with the tickets of the head ahead of
+// it (see conflict). A waiter that may not ask joins the queue (or renews
+// its place); the retry hint is when the head ticket expires if nobody
+// renews it.
+func (e *entry) mayAsk(req backend.AcquireRequest, now time.Time) (ahead int, retryIn time.Duration, ok bool) {
 	if len(e.queue) == 0 {
-		return 0, true
+		return 0, 0, true
 	}
 	if i := e.index(req.Ticket); i >= 0 && i <= e.headGroup() {
-		return 0, true
+		return i, 0, true
 	}
 	if req.Ticket != "" {
 		e.enqueue(req, now)
 	}
-	return max(e.queue[0].expires.Sub(now), time.Nanosecond), false
+	return 0, e.headExpires(now), false
+}
+
+// headExpires is how long until the head ticket expires if nobody renews
+// it. The queue is not empty.
+func (e *entry) headExpires(now time.Time) time.Duration {
+	return max(e.queue[0].expires.Sub(now), time.Nanosecond)
 }
 
 // enqueue puts req's ticket at the tail of the queue, or renews its place
@@ -499,9 +507,14 @@ func (b *Backend) add(name string, now time.Time) *entry {
 // conflict reports whether the live holders of e deny req, and if so how
 // long until they would stop denying it if nobody renewed: when the last of
 // them expires for a conflict of modes, when the first one expires for a
-// full semaphore.
-func (e *entry) conflict(req backend.AcquireRequest, now time.Time) (time.Duration, bool) {
+// full semaphore. A shared request with a limit counts the shared tickets
+// ahead of it at the head of the queue (ahead) as holders: they came first,
+// and the places the limit leaves are theirs first.
+func (e *entry) conflict(req backend.AcquireRequest, ahead int, now time.Time) (time.Duration, bool) {
 	if len(e.holders) == 0 {
+		if req.Limit > 0 && ahead >= req.Limit {
+			return e.headExpires(now), true
+		}
 		return 0, false
 	}
 	var first, last time.Time
@@ -518,7 +531,7 @@ func (e *entry) conflict(req backend.AcquireRequest, now time.Time) (time.Durati
 	switch {
 	case exclusive || req.Mode == backend.Exclusive:
 		return last.Sub(now), true
-	case req.Limit > 0 && len(e.holders) >= req.Limit:
+	case req.Limit > 0 && len(e.holders)+ahead >= req.Limit:
 		return first.Sub(now), true
 	}
 	return 0, false

@@ -265,12 +265,17 @@ elseif kr == 'zset' and redis.call('ZSCORE', R, id) then
   return {-1, 0}
 end
 
+-- ahead: the shared tickets before this one at the head, whose places
+-- under a limit come first.
+local ahead, first = -1, nil
 if queued > 0 then
   local g = head_group(Q)
-  local head = false
-  for _, m in ipairs(g) do head = head or m == member end
-  if not head then
-    return held((tonumber(redis.call('ZSCORE', QE, g[1])) or clock()) - clock())
+  for i, m in ipairs(g) do
+    if m == member then ahead = i - 1 end
+  end
+  first = g[1]
+  if ahead < 0 then
+    return held((tonumber(redis.call('ZSCORE', QE, first)) or clock()) - clock())
   end
 end
 
@@ -290,7 +295,10 @@ end
 prune(R, T)
 if limit > 0 then
   local live = redis.call('ZRANGEBYSCORE', R, clock(), '+inf', 'WITHSCORES')
-  if #live / 2 >= limit then return held(tonumber(live[2]) - clock()) end
+  if #live / 2 + math.max(ahead, 0) >= limit then
+    if #live > 0 then return held(tonumber(live[2]) - clock()) end
+    return held((tonumber(redis.call('ZSCORE', QE, first)) or clock()) - clock())
+  end
 end
 local tok = fence()
 redis.call('ZADD', R, clock() + ttl, id)
