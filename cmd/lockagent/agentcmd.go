@@ -49,11 +49,16 @@ func agentCmd(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{"agent takes no arguments"}
 	}
+	out, journal := logOutput(stderr)
 	cfg, err := loadConfig(*file, *socket, *level)
 	if err != nil {
+		if journal {
+			// An error to the journal, though no logger is set up yet.
+			journalWriter{stderr}.LevelWrite(hclog.Error, fmt.Appendf(nil, "lockagent: %v\n", err))
+			return exitError{1}
+		}
 		return err
 	}
-	out, journal := logOutput(stderr)
 	log := hclog.New(&hclog.LoggerOptions{
 		Name:        "lockagent",
 		Level:       hclog.LevelFromString(cfg.LogLevel),
@@ -61,7 +66,17 @@ func agentCmd(args []string, stderr io.Writer) error {
 		Output:      out,
 		DisableTime: journal, // the journal stamps every entry
 	})
+	if err := serveAgent(cfg, log, *file, *level); err != nil {
+		// Why the agent stops, in the log's format and at its priority.
+		log.Error("agent stopped", "error", err)
+		return exitError{1}
+	}
+	return nil
+}
 
+// serveAgent runs the agent configured by cfg until a signal stops it;
+// file and level are for reloads.
+func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 	access, err := accessOf(cfg)
 	if err != nil {
 		return err
@@ -158,7 +173,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 	log.Info("agent started", "socket", ln.Addr().String(), "backend", b.Name(), "version", version)
 	n := newNotifier(b.Name(), log.Named("systemd"))
 	n.ready(a.Stats())
-	supervise(ctx, n, hup, a.Stats, func() { reload(*file, *level, log, a) })
+	supervise(ctx, n, hup, a.Stats, func() { reload(file, level, log, a) })
 	log.Info("shutting down")
 	n.stopping()
 	wg.Wait()

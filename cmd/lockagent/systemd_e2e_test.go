@@ -282,3 +282,46 @@ func TestG3_TwoSocketsRefused(t *testing.T) {
 	_, err = os.Lstat(e.socket)
 	require.ErrorIs(t, err, os.ErrNotExist, "the agent bound socket.path instead")
 }
+
+// TestFatalErrorOnTheJournal: the error an agent stops on reaches the
+// journal as an error, before its logger exists (a bad config) and after
+// (a path that is not a socket), and a JSON log ends with it in JSON.
+func TestFatalErrorOnTheJournal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, config string
+		journal      bool
+		want         string // a regexp of the last line
+	}{
+		{"bad config", `no_such_setting = 1`, true, `^<3>lockagent: .*no_such_setting`},
+		{"not a socket", ``, true, `^<3>\[ERROR\] lockagent: agent stopped: error=".*not a socket`},
+		{"not a socket, json", `log_format = "json"`, false, `^\{"@level":"error","@message":"agent stopped",.*not a socket`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newAgentEnv(t)
+			e.writeConfig(t, tc.config)
+			require.NoError(t, os.WriteFile(e.socket, nil, 0o600))
+			stderr, err := os.Create(filepath.Join(e.dir, "stderr"))
+			require.NoError(t, err)
+			defer stderr.Close()
+			env := baseEnv()
+			if tc.journal {
+				fi, err := stderr.Stat()
+				require.NoError(t, err)
+				st := fi.Sys().(*syscall.Stat_t)
+				env = append(env, fmt.Sprintf("JOURNAL_STREAM=%d:%d", st.Dev, st.Ino))
+			}
+			cmd := exec.Command(lockagentBin, "agent", "-config", e.config, "-socket", e.socket)
+			cmd.Env, cmd.Stderr = env, stderr
+			err = cmd.Run()
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee)
+			require.Equal(t, 1, ee.ExitCode())
+			out, err := os.ReadFile(stderr.Name())
+			require.NoError(t, err)
+			lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+			require.Regexp(t, tc.want, lines[len(lines)-1], "stderr:\n%s", out)
+		})
+	}
+}
