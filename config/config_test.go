@@ -226,13 +226,13 @@ func TestValidate(t *testing.T) {
 		},
 		"cluster and sentinel": {
 			func(c *Config) {
-				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, Cluster: true, MasterName: "m", KeyPrefix: "k"}}
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, Cluster: true, MasterName: "m", KeyPrefix: "k", WaitTimeout: time.Second}}
 			},
 			`backend "redis".cluster: Redis Cluster and Sentinel (master_name) exclude each other`,
 		},
 		"negative wait_replicas": {
 			func(c *Config) {
-				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, KeyPrefix: "k", WaitReplicas: -1}}
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, KeyPrefix: "k", WaitReplicas: -1, WaitTimeout: time.Second}}
 			},
 			`backend "redis".wait_replicas: -1 is below 0`,
 		},
@@ -241,6 +241,12 @@ func TestValidate(t *testing.T) {
 				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, Cluster: true, KeyPrefix: "k", WaitReplicas: 1, WaitTimeout: time.Second}}
 			},
 			`backend "redis".wait_replicas: is not supported with Redis Cluster`,
+		},
+		"wait_timeout out of range without wait_replicas": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"a:1"}, KeyPrefix: "k", WaitTimeout: -5 * time.Second}}
+			},
+			`backend "redis".wait_timeout: -5s is not between 1ms and 10s`,
 		},
 		"wait_timeout too long": {
 			func(c *Config) {
@@ -287,7 +293,7 @@ func TestRenderRoundTrip(t *testing.T) {
 			c := validConfig()
 			c.Socket.Path = `/tmp/lock "agent" ${x}.sock`
 			c.StateDir = `/var/lib/lock\agent/%{if}/$${y}/$$`
-			c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"[::1]:6379"}, KeyPrefix: "k", TLS: &TLS{}}}
+			c.Backend = Backend{Kind: "redis", Redis: &Redis{Addresses: []string{"[::1]:6379"}, KeyPrefix: "k", TLS: &TLS{}, WaitTimeout: time.Second}}
 			c.Leases = Leases{DefaultTTL: 1500 * time.Millisecond, MinTTL: 100 * time.Millisecond, MaxTTL: 90 * time.Minute}
 			c.ACL = &ACL{
 				AdminUIDs: []uint32{},

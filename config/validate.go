@@ -241,7 +241,8 @@ func (r *Redis) problems() []*fieldError {
 		// WAIT names no key: a Cluster pipeline would not send it to the
 		// primary that made the grant.
 		bad("wait_replicas", "is not supported with Redis Cluster")
-	case r.WaitReplicas > 0 && (r.WaitTimeout < time.Millisecond || r.WaitTimeout > maxWaitTimeout):
+	}
+	if r.WaitTimeout < time.Millisecond || r.WaitTimeout > maxWaitTimeout {
 		bad("wait_timeout", "%s is not between 1ms and %s", r.WaitTimeout, maxWaitTimeout)
 	}
 	return ps
