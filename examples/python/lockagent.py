@@ -368,17 +368,23 @@ def _holders(raw):
 
 
 def _ms(seconds, what):
-    """Convert a duration in seconds to whole milliseconds, rounding up."""
+    """Convert a duration in seconds to whole milliseconds, rounding up.
+
+    Raises InvalidArgument (nothing is sent) unless it is a finite number of
+    seconds, 0 or more."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError("%s must be a number of seconds, not %r" % (what, seconds))
-    if seconds < 0:
-        raise ValueError("%s must not be negative" % what)
+        raise InvalidArgument("invalid_argument", "%s must be a number of seconds, not %r"
+                              % (what, seconds))
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument("invalid_argument", "%s must be a finite number of seconds, "
+                              "0 or more, not %r" % (what, seconds))
     return int(math.ceil(seconds * 1000))
 
 
 def _wait_ms(wait):
-    """``wait`` in seconds (None or -1: without a limit) as the protocol's ``wait_ms``."""
-    if wait is None or wait == -1:
+    """``wait`` in seconds (None, -1 or math.inf: without a limit) as the protocol's
+    ``wait_ms``."""
+    if wait is None or wait == -1 or wait == math.inf:
         return -1
     return _ms(wait, "wait")
 
@@ -1332,7 +1338,7 @@ class Client(_Core):
         """Acquire the lock ``name`` and return its :class:`Lease`.
 
         - ``wait``: 0 (default) tries once; N waits up to N seconds; None
-          waits until granted.
+          (or ``math.inf``) waits until granted.
         - ``shared``: a shared lock instead of an exclusive one; ``limit``
           caps the shared holders (a counting semaphore).
         - ``scope``: ``"connection"`` (default) or ``"session"``.

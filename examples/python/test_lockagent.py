@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import math
 import os
 import socket
 import sys
@@ -451,6 +452,21 @@ class ErrorsTest(AgentTestCase):
                                 **kwargs)
                 self.assertEqual(c._conn.pending, {})
         c.ping()
+
+    def test_a_duration_that_is_not_finite_is_refused_unsent(self):
+        c = self.client(timeout=2)
+        for kwargs in ({"ttl": float("nan")}, {"ttl": float("inf")}, {"ttl": -1},
+                       {"ttl": "15"}, {"wait": float("nan")}, {"wait": -2}):
+            with self.subTest(kwargs=kwargs):
+                self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, "n/1",
+                                **kwargs)
+                self.assertEqual(c._conn.pending, {})
+        for kwargs in ({"session_ttl": float("nan")}, {"heartbeat": float("inf")}):
+            with self.subTest(kwargs=kwargs):
+                self.assertCode(lockagent.InvalidArgument, "invalid_argument", self.client,
+                                **kwargs)
+        # Infinity is a wait without a limit.
+        self.assertTrue(c.acquire("n/1", wait=math.inf).token)
 
     def test_a_request_given_up_on_is_forgotten(self):
         c = self.client(timeout=0.3)
