@@ -38,6 +38,9 @@ const PROTOCOL_VERSION = 1;
 /** How long close() gives a reconnect under way, and ending a session whose connection broke. */
 const END_WAIT_MS = 5000;
 
+/** How long the client waits for an answer by default (`timeoutMs`), beyond an acquire's own wait. */
+const DEFAULT_TIMEOUT_MS = 10000;
+
 /**
  * A lone surrogate as JSON.stringify escapes it (`\ud83d`), not preceded
  * by an escaped backslash. The agent refuses a line with one (`bad_request`,
@@ -110,8 +113,8 @@ function socketPath(explicit, env = process.env) {
  * The base class of every error this module throws. `code` is a stable
  * string: one of the protocol's error codes for an {@link AgentError}, or
  * one of this client's own (`connection_closed`, `not_connected`,
- * `line_too_long`, `invalid_argument`, `lease_lost`, `lease_released`,
- * `campaign_ended`). `invalid_argument` is also the client's own code for an
+ * `connect_failed`, `agent_timeout`, `line_too_long`, `invalid_argument`,
+ * `lease_lost`, `lease_released`, `campaign_ended`). `invalid_argument` is also the client's own code for an
  * argument it refuses before sending it: a string that is not well-formed
  * (a lone surrogate), a number option that is not finite or is negative.
  */
@@ -146,14 +149,29 @@ class AgentError extends LockAgentError {
 
 /**
  * The connection to the agent ended, or there was none, before an answer:
- * `code` is `connection_closed` (it broke, or the client was closed) or
- * `not_connected` (the client is reconnecting). The cause, if known, is in
- * `cause`.
+ * `code` is `connection_closed` (it broke, or the client was closed),
+ * `not_connected` (the client is reconnecting) or `connect_failed` (no
+ * agent listens at the socket path, or it may not be used). The cause, if
+ * known, is in `cause` (for `connect_failed`, the system's error, e.g.
+ * `cause.code === 'ENOENT'`).
  */
 class ConnectionError extends LockAgentError {
   constructor(message, code, options) {
     super(message, code, options);
     this.name = 'ConnectionError';
+  }
+}
+
+/**
+ * The agent did not answer within the client's `timeoutMs` (beyond an
+ * acquire's own wait): it is stopped or hung. `code` is `agent_timeout`. A
+ * grant that comes later is released, a campaign resigned.
+ */
+class AgentTimeoutError extends LockAgentError {
+  constructor(op, ms) {
+    super(`${op}: the agent did not answer within ${ms} ms`, 'agent_timeout');
+    this.name = 'AgentTimeoutError';
+    this.op = op;
   }
 }
 
@@ -270,7 +288,8 @@ class Lease extends EventEmitter {
       this._end(null);
       return true;
     } catch (err) {
-      if (err.code !== 'connection_closed') this._releaseSent = false;
+      // A release whose answer did not come may have been done.
+      if (err.code !== 'connection_closed' && err.code !== 'agent_timeout') this._releaseSent = false;
       if (!this.held) return false;
       if (err.code === 'not_held') {
         this._end(null);
@@ -474,6 +493,7 @@ if (asyncDispose) {
  * @property {boolean} [reconnect] reconnect after a broken connection, resuming the session when it has a TTL; default true
  * @property {number} [reconnectMinMs] first delay between reconnection attempts; default 50
  * @property {number} [reconnectMaxMs] longest delay between reconnection attempts; default 2000
+ * @property {number} [timeoutMs] how long a request waits for its answer, beyond an acquire's `waitMs`, before it rejects with an {@link AgentTimeoutError}; default 10000, `Infinity` for no limit
  */
 
 /**
@@ -511,6 +531,8 @@ class Client extends EventEmitter {
       reconnectMaxMs: 2000,
       ...options,
     };
+    const { timeoutMs } = this._options;
+    this._options.timeoutMs = timeoutMs === Infinity ? Infinity : intOption('timeoutMs', timeoutMs) ?? DEFAULT_TIMEOUT_MS;
     this._options.sessionTtlMs = intOption('sessionTtlMs', this._options.sessionTtlMs) ?? 0;
     this._options.heartbeatMs = intOption('heartbeatMs', this._options.heartbeatMs) ?? 0;
     /** @type {string} the socket path */
@@ -844,10 +866,28 @@ class Client extends EventEmitter {
     const promise = new Promise((resolve, reject) => {
       // A waiting acquire is answered out of order (see _onLine).
       const waiting = op === 'acquire' && args.wait_ms != null && args.wait_ms !== 0;
-      this._pending.set(id, { op, waiting, resolve, reject, onAnswer });
+      const pending = { op, waiting, resolve, reject, onAnswer, timer: null, abandoned: false };
+      const bound = this._callTimeout(op, args);
+      if (bound !== null) {
+        // Given up, it stays pending: its answer, should one come, is
+        // read in order and given back (see _onLine).
+        pending.timer = setTimeout(() => {
+          pending.abandoned = true;
+          reject(new AgentTimeoutError(op, bound));
+        }, bound);
+      }
+      this._pending.set(id, pending);
     });
     this._sock.write(`${line}\n`);
     return { id, promise };
+  }
+
+  /** How long a request waits for its answer, or null for no limit. */
+  _callTimeout(op, args) {
+    const { timeoutMs } = this._options;
+    const wait = op === 'acquire' ? (args.wait_ms ?? 0) : 0;
+    if (timeoutMs === Infinity || wait < 0) return null;
+    return timeoutMs + wait;
   }
 
   /** Connects and opens (or resumes) the session. */
@@ -1018,6 +1058,13 @@ class Client extends EventEmitter {
       return;
     }
     this._pending.delete(key);
+    clearTimeout(pending.timer);
+    if (pending.abandoned) {
+      // Its caller gave up: what it was granted goes back.
+      if (msg.ok && pending.op === 'acquire' && msg.acquired) this._call('release', { lease: msg.lease }).catch(() => {});
+      if (msg.ok && pending.op === 'campaign') this._call('resign', { campaign: msg.campaign }).catch(() => {});
+      return;
+    }
     if (msg.ok) {
       pending.onAnswer?.(msg);
       pending.resolve(msg);
@@ -1134,7 +1181,10 @@ class Client extends EventEmitter {
   _failPending(err) {
     const pending = [...this._pending.values()];
     this._pending.clear();
-    for (const p of pending) p.reject(err);
+    for (const p of pending) {
+      clearTimeout(p.timer);
+      p.reject(err);
+    }
   }
 
   _startHeartbeat() {
@@ -1169,9 +1219,15 @@ async function connect(options = {}) {
 
 function dial(socket) {
   return new Promise((resolve, reject) => {
-    checkPrivate(socket);
+    const failed = (err) => new ConnectionError(`cannot connect to the agent at ${socket}: ${err.message}`, 'connect_failed', { cause: err });
+    try {
+      checkPrivate(socket);
+    } catch (err) {
+      reject(failed(err));
+      return;
+    }
     const sock = net.createConnection(socket);
-    const onError = (err) => reject(err);
+    const onError = (err) => reject(failed(err));
     sock.once('error', onError);
     sock.once('connect', () => {
       sock.removeListener('error', onError);
@@ -1216,6 +1272,7 @@ module.exports = {
   LockAgentError,
   AgentError,
   ConnectionError,
+  AgentTimeoutError,
   LeaseLostError,
   defaultSocketPath,
   socketPath,

@@ -37,7 +37,8 @@ describe('socket path', () => {
       const socket = path.join(dir, 'agent.sock');
       await assert.rejects(connect({ socket }), /not a directory private/);
       fs.chmodSync(dir, 0o700);
-      await assert.rejects(connect({ socket }), { code: 'ENOENT' }); // private: it connects, to nobody
+      // Private: it connects, to nobody.
+      await assert.rejects(connect({ socket }), (err) => err instanceof ConnectionError && err.code === 'connect_failed' && err.cause.code === 'ENOENT');
     } finally {
       if (saved === undefined) delete process.env.TMPDIR; else process.env.TMPDIR = saved;
       fs.rmSync(tmp, { recursive: true });
@@ -94,8 +95,9 @@ describe('against an agent', () => {
     assert.equal(mine.pid, process.pid);
   });
 
-  test('connecting to a socket nobody listens on fails with the system error', async () => {
-    await assert.rejects(connect({ socket: path.join(agent.dir, 'nobody.sock') }), { code: 'ENOENT' });
+  test('connecting to a socket nobody listens on fails with a ConnectionError, the system error its cause', async () => {
+    await assert.rejects(connect({ socket: path.join(agent.dir, 'nobody.sock') }), (err) => err instanceof ConnectionError &&
+      err instanceof LockAgentError && err.code === 'connect_failed' && err.cause.code === 'ENOENT');
   });
 
   test('try, wait with a deadline and wait until granted', async () => {
@@ -694,6 +696,33 @@ describe('agent restarts', () => {
       assert.deepEqual(lost, []);
     } finally {
       await a.close();
+      await agent.stop();
+    }
+  });
+
+  test('a stopped agent: calls and close() give up after timeoutMs; a grant that comes later is given back', { timeout: 20000 }, async () => {
+    const agent = await Agent.start();
+    const a = await connect({ socket: agent.socket, timeoutMs: 300 });
+    const b = await connect({ socket: agent.socket });
+    try {
+      await agent.pause();
+      let start = Date.now();
+      await assert.rejects(a.tryAcquire('stopped/1'), (err) => err instanceof lockagent.AgentTimeoutError &&
+        err instanceof LockAgentError && err.code === 'agent_timeout' && err.op === 'acquire');
+      assert.ok(Date.now() - start < 5000, 'the try gave up after timeoutMs');
+      await assert.rejects(a.acquire('stopped/2', { waitMs: 200 }), { code: 'agent_timeout' });
+      assert.ok(Date.now() - start < 5000, 'the wait gave up after waitMs and timeoutMs');
+      agent.resume();
+      // The agent reads the try at last and grants it: the client gives it back.
+      await waitFor(async () => (await b.tryAcquire('stopped/1')) !== null, { timeoutMs: 10000, what: 'the late grant to be given back' });
+      await agent.pause();
+      start = Date.now();
+      await a.close();
+      assert.ok(Date.now() - start < 5000, 'close() gave up on the bye after timeoutMs');
+    } finally {
+      agent.resume();
+      await a.close();
+      await b.close();
       await agent.stop();
     }
   });

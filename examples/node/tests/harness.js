@@ -102,6 +102,26 @@ class Agent {
     return this.exit;
   }
 
+  /**
+   * Stops the agent's process (SIGSTOP) and waits until every thread of it
+   * is stopped: the signal reaches the threads one after the other, and a
+   * thread not stopped yet could still answer.
+   */
+  async pause() {
+    this.proc.kill('SIGSTOP');
+    const pid = this.proc.pid;
+    const stopped = (task) => {
+      const stat = fs.readFileSync(`/proc/${pid}/task/${task}/stat`, 'utf8');
+      return stat[stat.lastIndexOf(')') + 2] === 'T';
+    };
+    await waitFor(() => fs.readdirSync(`/proc/${pid}/task`).every(stopped), { what: 'the agent to stop' });
+  }
+
+  /** Lets a paused agent go on (SIGCONT). */
+  resume() {
+    this.proc.kill('SIGCONT');
+  }
+
   /** Stops the agent and removes its directory. */
   async stop() {
     await this.kill('SIGTERM');
