@@ -64,6 +64,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"QueueOrder", testQueueOrder},
 		{"QueueShared", testQueueShared},
 		{"QueueSemaphore", testQueueSemaphore},
+		{"ConcurrentSemaphore", testConcurrentSemaphore},
 		{"QueueWakesTheHead", testQueueWakesTheHead},
 		{"QueueTicketExpires", testQueueTicketExpires},
 		{"QueueTicketLife", testQueueTicketLife},
@@ -633,6 +634,64 @@ func testConcurrentAcquire(t *testing.T, b backend.Backend) {
 	for i := 1; i < len(tokens); i++ {
 		require.Greater(t, tokens[i], tokens[i-1], "token %d of %d", i, len(tokens))
 	}
+}
+
+// testConcurrentSemaphore: waiters and tries racing for a shared name
+// under a limit are never more than the limit at once, and every waiter,
+// asking again as an agent's would, is granted.
+func testConcurrentSemaphore(t *testing.T, b backend.Backend) {
+	const (
+		name    = "semaphore/race"
+		limit   = 3
+		workers = 8
+		rounds  = 15
+	)
+	var (
+		wg     sync.WaitGroup
+		inside atomic.Int32
+		most   atomic.Int32
+	)
+	hold := func(req backend.AcquireRequest) {
+		n := inside.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		assert.LessOrEqual(t, n, int32(limit), "holders at once")
+		time.Sleep(time.Millisecond) // while others ask
+		inside.Add(-1)
+		assert.NoError(t, b.Release(t.Context(), lease(req)))
+	}
+	for i := range workers {
+		wg.Go(func() {
+			for j := range rounds {
+				req := request(name, fmt.Sprintf("w%d-%d", i, j), backend.Shared)
+				req.Limit = limit
+				if i%4 == 3 {
+					// A try: granted only when nobody queues.
+					if _, err := b.Acquire(t.Context(), req); err == nil {
+						hold(req)
+					}
+					continue
+				}
+				req.Ticket = "q-" + req.LeaseID
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					_, err := b.Acquire(t.Context(), req)
+					if err == nil {
+						hold(req)
+						break
+					}
+					if !assert.ErrorIs(t, err, backend.ErrHeld) || !assert.True(t, time.Now().Before(deadline), "waiter %s never granted", req.LeaseID) {
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, most.Load(), int32(limit))
+	require.Equal(t, int32(limit), most.Load(), "the limit was reached: the waiters overlapped")
+	requireQueued(t, b, name, 0)
 }
 
 func testCanceledContext(t *testing.T, b backend.Backend) {
