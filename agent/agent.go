@@ -250,9 +250,7 @@ func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		return
 	}
-	if o := a.cfg.Observer; o != nil {
-		o.BackendError("release")
-	}
+	a.observeFailure("release", err)
 	if errors.Is(err, backend.ErrUnavailable) && a.retryRelease(l) {
 		a.log.Warn("release failed; trying again until the lease would expire in the backend", "name", l.name, "lease", l.id, "error", err)
 		return
@@ -301,6 +299,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
 			cancel()
 			a.note(err)
+			a.observeFailure("release", err)
 			switch {
 			case err == nil, errors.Is(err, backend.ErrNotHeld):
 				a.log.Info("release done on a later try", "name", l.name, "lease", l.id)

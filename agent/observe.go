@@ -55,9 +55,8 @@ func (a *Agent) observeAcquire(mode backend.Mode, start time.Time, res AcquireRe
 	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrClosed),
 		errors.Is(err, backend.ErrForeignKey), errors.Is(err, context.DeadlineExceeded):
 		// The backend failed the request (answered backend_unavailable
-		// or foreign_key).
+		// or foreign_key); each failed call was told (observeFailure).
 		result = ResultError
-		o.BackendError("acquire")
 	case err != nil:
 		result = ResultError
 	case !res.Acquired && res.Reason == ReasonTimeout:
@@ -66,6 +65,19 @@ func (a *Agent) observeAcquire(mode backend.Mode, start time.Time, res AcquireRe
 		result = ResultHeld
 	}
 	o.Acquired(mode, result, time.Since(start))
+}
+
+// observeFailure tells the observer of a backend call for op (acquire,
+// release) that failed: every attempt of a waiting acquire or a campaign,
+// every try of a release. A call answered (held, not held) or given up by
+// its caller is no failure.
+func (a *Agent) observeFailure(op string, err error) {
+	o := a.cfg.Observer
+	if o == nil || err == nil || errors.Is(err, backend.ErrHeld) || errors.Is(err, backend.ErrNotHeld) ||
+		errors.Is(err, context.Canceled) {
+		return
+	}
+	o.BackendError(op)
 }
 
 // observeRenew tells the observer of a batch of renewals.

@@ -96,3 +96,57 @@ func TestWaitEndedWithTheSessionIsCanceled(t *testing.T) {
 		assert.Empty(t, rec.errors)
 	})
 }
+
+// count is how many backend errors of op the recorder was told of.
+func (r *recorder) count(op string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, o := range r.errors {
+		if o == op {
+			n++
+		}
+	}
+	return n
+}
+
+// TestEveryFailedCallIsCounted: each backend call that fails is told to
+// the observer: every attempt of a waiting acquire and of a campaign
+// through an outage, not only an acquire that ends in the error, and the
+// releases of a break.
+func TestEveryFailedCallIsCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		a, f, stop := run(t, agent.Config{Observer: rec})
+		defer stop()
+		holder, _ := openSession(t, a)
+		mustAcquire(t, holder, agent.AcquireRequest{Name: "n"})
+		s, _ := openSession(t, a)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Acquire(ctx, agent.AcquireRequest{Name: "n", Wait: agent.WaitForever})
+			done <- err
+		}()
+		synctest.Wait()
+		f.failAcquire.Store(true)
+		time.Sleep(5 * time.Second)
+		assert.GreaterOrEqual(t, rec.count("acquire"), 3, "the waiting acquire's attempts")
+
+		before := rec.count("acquire")
+		_, err := s.Campaign(agent.CampaignRequest{Name: "c"})
+		require.NoError(t, err)
+		time.Sleep(5 * time.Second)
+		assert.GreaterOrEqual(t, rec.count("acquire")-before, 6, "the campaign's attempts too")
+
+		f.failRelease.Store(true)
+		_, err = s.Break(context.Background(), "n")
+		require.ErrorIs(t, err, backend.ErrUnavailable)
+		assert.GreaterOrEqual(t, rec.count("release"), 1, "the break's release")
+
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		f.failAcquire.Store(false)
+		f.failRelease.Store(false)
+	})
+}
