@@ -67,6 +67,13 @@ func (a *Agent) observeAcquire(mode backend.Mode, start time.Time, res AcquireRe
 	o.Acquired(mode, result, time.Since(start))
 }
 
+// Refused tells the observer of an acquire refused before it reached the
+// agent: a request that could not be read as one, or whose session could
+// not be opened. The acquire metrics count every acquire request.
+func (a *Agent) Refused(mode backend.Mode, err error) {
+	a.observeAcquire(mode, time.Now(), AcquireResult{}, err)
+}
+
 // observeFailure tells the observer of a backend call for op (acquire,
 // release) that failed: every attempt of a waiting acquire or a campaign,
 // every try of a release. A call answered (held, not held) or given up by

@@ -450,6 +450,10 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 	if c.sess == nil {
 		s, err := c.srv.Agent.Open(c.peer, agent.SessionOptions{}, c)
 		if err != nil {
+			if req.Op == "acquire" {
+				mode, _ := parseMode(req.Mode) // exclusive if it is not a mode
+				c.srv.Agent.Refused(mode, err)
+			}
 			c.reply(id, nil, err)
 			// Without a session the connection is of no use.
 			return !errors.Is(err, agent.ErrLimitExceeded)
@@ -615,6 +619,8 @@ func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
 func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bool {
 	ar, err := c.parseAcquire(req)
 	if err != nil {
+		mode, _ := parseMode(req.Mode) // exclusive if it is not a mode
+		c.srv.Agent.Refused(mode, err)
 		c.reply(id, nil, err)
 		return true
 	}
@@ -637,7 +643,9 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		if _, dup := c.pending[key]; dup {
 			c.mu.Unlock()
 			cancel()
-			c.reply(id, nil, fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument))
+			err := fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument)
+			c.srv.Agent.Refused(ar.Mode, err)
+			c.reply(id, nil, err)
 			return true
 		}
 		if c.pending == nil {

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/backend"
 )
 
 // TestA1_ConnectionDropReleases: a dropped connection frees its locks at once.
@@ -289,4 +292,41 @@ func TestHelloOverTheSessionCap(t *testing.T) {
 	r := ta.raw(t)
 	r.fail(`{"op":"hello"}`, "limit_exceeded")
 	r.requireClosed()
+}
+
+// results is an Observer that keeps the results of acquires.
+type results struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *results) Acquired(mode backend.Mode, result string, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, fmt.Sprintf("%v %s", mode, result))
+}
+func (r *results) Renewed(int, time.Duration, int) {}
+func (r *results) Lost(string)                     {}
+func (r *results) BackendError(string)             {}
+
+// TestRefusedAcquiresAreObserved: acquires refused before they reach the
+// agent, whose request cannot be run or whose implicit session cannot be
+// opened, are counted like the others.
+func TestRefusedAcquiresAreObserved(t *testing.T) {
+	rec := &results{}
+	ta := startAgent(t, func(o *options) {
+		o.agent.Observer = rec
+		o.agent.MaxSessions = 2
+		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+	})
+	ta.raw(t).ok(`{"op":"acquire","name":"a"}`)
+	r := ta.raw(t)
+	r.fail(`{"op":"acquire","name":"a","ttl_ms":0}`, "invalid_argument")
+	r.fail(`{"op":"acquire","mode":"shared"}`, "invalid_name")
+	r.send(`{"id":"w","op":"acquire","name":"a","wait_ms":-1}`) // waits
+	r.fail(`{"id":"w","op":"acquire","name":"b","wait_ms":-1,"mode":"shared"}`, "invalid_argument")
+	ta.raw(t).fail(`{"op":"acquire","name":"a","mode":"shared"}`, "limit_exceeded")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Equal(t, []string{"exclusive granted", "exclusive error", "shared error", "shared error", "shared limit_exceeded"}, rec.got)
 }

@@ -80,6 +80,9 @@ func TestMetricsAfterAWorkload(t *testing.T) {
 	}
 	call(t, dialAgent(t, e.socket, "admin"), "break", map[string]any{"name": "m/1"}, &broken)
 	require.Equal(t, 1, broken.Broken)
+	// Two acquires refused before they reach the agent, counted all the same.
+	require.Error(t, other.Call(t.Context(), "acquire", map[string]any{"name": "m/4", "mode": "shared", "ttl_ms": 0}, nil))
+	require.Error(t, other.Call(t.Context(), "acquire", map[string]any{"name": "m/4", "mode": "neither"}, nil))
 
 	var s map[string]float64
 	// The waiter is queued, and the 1s leases have been renewed (at a
@@ -103,7 +106,8 @@ func TestMetricsAfterAWorkload(t *testing.T) {
 		`lockagent_waiters`:                                              1,
 		`lockagent_leases_lost_total{reason="broken"}`:                   1,
 		`lockagent_leases_lost_total{reason="expired"}`:                  0,
-		`lockagent_acquisitions_total{mode="shared",result="error"}`:     0,
+		`lockagent_acquisitions_total{mode="shared",result="error"}`:     1,
+		`lockagent_acquisitions_total{mode="exclusive",result="error"}`:  1,
 		`lockagent_acquire_wait_seconds_count{result="canceled"}`:        0,
 		`lockagent_backend_errors_total{op="renew"}`:                     0,
 		`lockagent_backend_degraded`:                                     0,
