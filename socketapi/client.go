@@ -388,7 +388,9 @@ func (c *Client) send(op string, args any, p pendingCall) (string, error) {
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
-		return "", fmt.Errorf("%s: %w", op, c.writeFailed(err))
+		// A post may be on the reading goroutine, which must not wait for
+		// itself.
+		return "", fmt.Errorf("%s: %w", op, c.writeFailed(err, !p.abandoned))
 	}
 	return id, nil
 }
@@ -396,9 +398,9 @@ func (c *Client) send(op string, args any, p pendingCall) (string, error) {
 // writeFailed is the error of a write that failed with err. When the
 // agent closed the connection, it may have said why first (a limit
 // reached): the reading goroutine soon reads that, and its reason is the
-// error.
-func (c *Client) writeFailed(err error) error {
-	if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+// error, if wait lets the caller wait for it.
+func (c *Client) writeFailed(err error, wait bool) error {
+	if !wait || !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		return err
 	}
 	t := time.NewTimer(closeReasonWait)

@@ -561,3 +561,33 @@ func TestClientAbandonedResign(t *testing.T) {
 	_, open := <-cp.Elected()
 	assert.False(t, open, "the campaign ended")
 }
+
+// TestClientLateGrantOnAClosedConnection: a grant that arrives after its
+// Acquire gave up is given back by a request sent on the reading
+// goroutine; when the agent has closed the connection meanwhile, that
+// send fails at once, without waiting for the agent's reason (which the
+// same goroutine would read): the client sees the end of the connection
+// at once, not a second later.
+func TestClientLateGrantOnAClosedConnection(t *testing.T) {
+	c, p := dialScripted(t)
+	short, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(short, "late/1", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+		errc <- err
+	}()
+	acq := p.expect("acquire")
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	p.expect("cancel")
+	// The agent grants it and closes the connection (a shutdown).
+	p.send(`{"id":%v,"ok":true,"acquired":true,"lease":"l_late","name":"late/1","mode":"exclusive","scope":"connection","token":7,"ttl_ms":15000}`, acq["id"])
+	p.nc.Close()
+	start := time.Now()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client never saw the end of the connection")
+	}
+	require.Less(t, time.Since(start), 500*time.Millisecond, "the reading goroutine waited for itself")
+}

@@ -375,10 +375,13 @@ def _ms(seconds, what):
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise InvalidArgument("invalid_argument", "%s must be a number of seconds, not %r"
                               % (what, seconds))
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgument("invalid_argument", "%s must be a finite number of seconds, "
-                              "0 or more, not %r" % (what, seconds))
-    return int(math.ceil(seconds * 1000))
+    try:
+        if math.isfinite(seconds) and seconds >= 0:
+            return int(math.ceil(seconds * 1000))
+    except OverflowError:  # a float too large, or an int too large for one
+        pass
+    raise InvalidArgument("invalid_argument", "%s must be a finite number of seconds, "
+                          "0 or more, not %r" % (what, seconds))
 
 
 def _wait_ms(wait):

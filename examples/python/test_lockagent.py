@@ -456,7 +456,8 @@ class ErrorsTest(AgentTestCase):
     def test_a_duration_that_is_not_finite_is_refused_unsent(self):
         c = self.client(timeout=2)
         for kwargs in ({"ttl": float("nan")}, {"ttl": float("inf")}, {"ttl": -1},
-                       {"ttl": "15"}, {"wait": float("nan")}, {"wait": -2}):
+                       {"ttl": "15"}, {"ttl": 1e306}, {"ttl": 10**400}, {"wait": float("nan")},
+                       {"wait": -2}):
             with self.subTest(kwargs=kwargs):
                 self.assertCode(lockagent.InvalidArgument, "invalid_argument", c.acquire, "n/1",
                                 **kwargs)
