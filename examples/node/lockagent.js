@@ -41,6 +41,9 @@ const END_WAIT_MS = 5000;
 /** How long the client waits for an answer by default (`timeoutMs`), beyond an acquire's own wait. */
 const DEFAULT_TIMEOUT_MS = 10000;
 
+/** The longest timer Node keeps (about 24.8 days); a longer wait for an answer has no limit. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /**
  * A lone surrogate as JSON.stringify escapes it (`\ud83d`), not preceded
  * by an escaped backslash. The agent refuses a line with one (`bad_request`,
@@ -493,7 +496,7 @@ if (asyncDispose) {
  * @property {boolean} [reconnect] reconnect after a broken connection, resuming the session when it has a TTL; default true
  * @property {number} [reconnectMinMs] first delay between reconnection attempts; default 50
  * @property {number} [reconnectMaxMs] longest delay between reconnection attempts; default 2000
- * @property {number} [timeoutMs] how long a request waits for its answer, beyond an acquire's `waitMs`, before it rejects with an {@link AgentTimeoutError}; default 10000, `Infinity` for no limit
+ * @property {number} [timeoutMs] how long a request waits for its answer, beyond an acquire's `waitMs`, before it rejects with an {@link AgentTimeoutError}; default 10000, `Infinity` for no limit (as is a bound, with `waitMs`, beyond about 24.8 days)
  */
 
 /**
@@ -886,7 +889,7 @@ class Client extends EventEmitter {
   _callTimeout(op, args) {
     const { timeoutMs } = this._options;
     const wait = op === 'acquire' ? (args.wait_ms ?? 0) : 0;
-    if (timeoutMs === Infinity || wait < 0) return null;
+    if (wait < 0 || timeoutMs + wait > MAX_TIMER_MS) return null;
     return timeoutMs + wait;
   }
 
@@ -1171,9 +1174,18 @@ class Client extends EventEmitter {
       try {
         await campaign._start();
       } catch (err) {
-        if (err instanceof AgentError) campaign._end(err);
+        if (err instanceof AgentError) {
+          campaign._end(err);
+          continue;
+        }
         // Otherwise the connection broke again: the next reconnect retries.
-        else this._campaigns.set(campaign.id, campaign);
+        this._campaigns.set(campaign.id, campaign);
+        if (err.code === 'agent_timeout') {
+          // The agent does not answer, and a late answer is resigned: the
+          // connection is given up, and the next one campaigns again.
+          this._sock?.destroy();
+          return;
+        }
       }
     }
   }

@@ -3,6 +3,10 @@
 // elected terms, release of a term, resign, break, reconnects.
 
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const net = require('node:net');
+const os = require('node:os');
+const path = require('node:path');
 const { after, before, describe, test } = require('node:test');
 
 const { connect, Campaign, Lease, AgentError } = require('../lockagent.js');
@@ -158,4 +162,68 @@ describe('campaign', () => {
     assert.equal(term.released, true);
     assert.ok(await b.tryAcquire(name));
   });
+});
+
+/**
+ * An agent played by the test on a real socket, for what a real agent
+ * cannot be made to do on demand: `answer(n, req)` gives the fields of the
+ * answer to request `req` on the n-th connection (from 0), or null for
+ * none; `after(n, req, sock)` may then act on the connection.
+ */
+function fakeAgent(answer, after = () => {}) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'la-fake-'));
+  const socket = path.join(dir, 's');
+  const ops = []; // by connection, the ops it read
+  const server = net.createServer((sock) => {
+    const n = ops.length;
+    ops.push([]);
+    let buf = '';
+    sock.setEncoding('utf8');
+    sock.on('error', () => {});
+    sock.on('data', (d) => {
+      buf += d;
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const req = JSON.parse(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+        ops[n].push(req.op);
+        const fields = req.op === 'hello'
+          ? { session: `s${n}`, resume_token: 't', resumed: false, agent: { version: 'fake', backend: 'fake', max_line_bytes: 65536, ttl_ms: {} } }
+          : answer(n, req);
+        if (fields) sock.write(`${JSON.stringify({ id: req.id, ok: true, ...fields })}\n`);
+        after(n, req, sock);
+      }
+    });
+  });
+  return {
+    socket,
+    ops,
+    listen: () => new Promise((resolve) => server.listen(socket, resolve)),
+    close: () => {
+      server.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+test('a campaign started again after a reconnect, unanswered past timeoutMs, is started again on a new connection', { timeout: 20000 }, async () => {
+  const agent = fakeAgent(
+    // The second connection never answers the campaign.
+    (n, req) => (req.op === 'campaign' && n !== 1 ? { campaign: `c${n}` } : null),
+    // The first connection breaks once the campaign is under way.
+    (n, req, sock) => { if (n === 0 && req.op === 'campaign') sock.destroy(); },
+  );
+  await agent.listen();
+  const c = await connect({ socket: agent.socket, timeoutMs: 300, reconnectMinMs: 10 });
+  try {
+    const campaign = await c.campaign('fake/leader');
+    await waitFor(() => agent.ops.length >= 3 && agent.ops[2].includes('campaign'),
+      { timeoutMs: 10000, what: 'the campaign on a third connection' });
+    assert.deepEqual(agent.ops[1], ['hello', 'campaign']);
+    await waitFor(() => campaign.id === 'c2', { what: 'the campaign to take its new id' });
+    assert.equal(campaign.ended, false);
+  } finally {
+    await c.close();
+    agent.close();
+  }
 });

@@ -567,6 +567,21 @@ describe('against an agent', () => {
     assert.equal((await disconnected).cause?.code, 'bad_request');
   });
 
+  test('a wait or a timeoutMs longer than a timer can be is not cut short', async () => {
+    const month = 30 * 24 * 3600 * 1000;
+    const [a, b] = [await client(), await client({ timeoutMs: month })];
+    await b.ping();
+    const name = unique('long');
+    await a.tryAcquire(name);
+    const stop = new AbortController();
+    const waiting = b.acquire(name, { waitMs: month, signal: stop.signal });
+    const early = await Promise.race([waiting.then(() => 'settled', () => 'settled'),
+      new Promise((r) => setTimeout(() => r('waiting'), 300))]);
+    assert.equal(early, 'waiting');
+    stop.abort();
+    await assert.rejects(waiting, { name: 'AbortError' });
+  });
+
   test('fractional numbers are rounded up; NaN, infinities and negative numbers are refused', async () => {
     const a = await client({ sessionTtlMs: 1000.5, heartbeatMs: 5000.5 });
     const b = await client();
