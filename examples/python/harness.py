@@ -24,7 +24,8 @@ _binary = None
 
 
 def lockagent_bin():
-    """The lockagent binary under test, built on first use."""
+    """The lockagent binary under test, built on first use with the race
+    detector (an agent that reports a race fails its test: see Agent.cleanup)."""
     global _binary
     if _binary is None:
         _binary = os.environ.get("LOCKAGENT_BIN")
@@ -32,7 +33,8 @@ def lockagent_bin():
             out = tempfile.mkdtemp(prefix="la-bin")
             atexit.register(shutil.rmtree, out, True)
             path = os.path.join(out, "lockagent")
-            subprocess.run(["go", "build", "-o", path, "./cmd/lockagent"], cwd=REPO, check=True)
+            subprocess.run(["go", "build", "-race", "-o", path, "./cmd/lockagent"], cwd=REPO,
+                           check=True)
             _binary = path
     return _binary
 
@@ -101,8 +103,11 @@ class Agent:
 
     def start(self):
         with open(self.log, "ab") as log:
+            # A race-detecting agent exits without the detector's second of
+            # sleep.
             self.proc = subprocess.Popen([lockagent_bin(), "agent", "-config", self.config],
-                                         stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         env=clean_env(GORACE="atexit_sleep_ms=0"))
         wait_until(lambda: self.proc.poll() is not None or can_connect(self.socket), 10,
                    "the agent to listen")
         if self.proc.poll() is not None:
@@ -121,7 +126,10 @@ class Agent:
 
     def cleanup(self):
         self.stop()
+        log = self.read_log()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if "WARNING: DATA RACE" in log:
+            raise AssertionError("the agent reported a data race:\n" + log)
 
     def read_log(self):
         with open(self.log, errors="replace") as f:

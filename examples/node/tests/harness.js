@@ -15,14 +15,17 @@ const repoRoot = path.resolve(__dirname, '..', '..', '..');
 
 let built;
 
-/** The lockagent binary: LOCKAGENT_BIN, else built from ./cmd/lockagent once. */
+/**
+ * The lockagent binary: LOCKAGENT_BIN, else built from ./cmd/lockagent once,
+ * with the race detector (an agent that reports a race fails: see stop).
+ */
 function lockagentBin() {
   if (process.env.LOCKAGENT_BIN) return Promise.resolve(process.env.LOCKAGENT_BIN);
   built ??= (async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'la-node-bin-'));
     process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
     const bin = path.join(dir, 'lockagent');
-    await execFileP('go', ['build', '-o', bin, './cmd/lockagent'], { cwd: repoRoot });
+    await execFileP('go', ['build', '-race', '-o', bin, './cmd/lockagent'], { cwd: repoRoot });
     return bin;
   })();
   return built;
@@ -64,8 +67,10 @@ class Agent {
     const configFile = path.join(dir, 'lockagent.hcl');
     fs.writeFileSync(configFile,
       `socket { path = ${JSON.stringify(socket)} }\nstate_dir = ${JSON.stringify(path.join(dir, 'state'))}\n${config}\n`);
+    // A race-detecting agent exits without the detector's second of sleep.
     const proc = spawn(bin, ['agent', '-config', configFile, '-log-level', 'warn'], {
       stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env, GORACE: 'atexit_sleep_ms=0' },
     });
     const agent = new Agent(bin, dir, socket, proc);
     await waitFor(async () => {
@@ -122,10 +127,11 @@ class Agent {
     this.proc.kill('SIGCONT');
   }
 
-  /** Stops the agent and removes its directory. */
+  /** Stops the agent and removes its directory; throws if it reported a data race. */
   async stop() {
     await this.kill('SIGTERM');
     fs.rmSync(this.dir, { recursive: true, force: true });
+    if (this.stderr.includes('WARNING: DATA RACE')) throw new Error(`the agent reported a data race:\n${this.stderr}`);
   }
 }
 
