@@ -337,6 +337,8 @@ func TestF3_Slowloris(t *testing.T) {
 		select {
 		case s := <-closed:
 			require.Equal(t, "closed 500", s, "every slow connection was closed; stderr: %s", loris.err)
+			// Slow connections that held the others up would hold them
+			// until they time out, a second.
 			assert.Less(t, worst, 500*time.Millisecond, "a good client's round trip")
 			t.Logf("%d good round trips; the slowest took %s", i+1, worst)
 			// An idle connection, with no line begun, is not cut off.

@@ -589,5 +589,6 @@ func TestClientLateGrantOnAClosedConnection(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the client never saw the end of the connection")
 	}
-	require.Less(t, time.Since(start), 500*time.Millisecond, "the reading goroutine waited for itself")
+	// Waiting for itself, it would wait its full second.
+	require.Less(t, time.Since(start), 900*time.Millisecond, "the reading goroutine waited for itself")
 }
