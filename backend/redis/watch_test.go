@@ -56,7 +56,9 @@ func TestWatchAfterAnAbandonedOne(t *testing.T) {
 	require.NoError(t, err)
 	defer stop()
 	time.Sleep(250 * time.Millisecond) // the race's timing, see above
-	require.NoError(t, direct.Publish(context.Background(), channel, "*").Err())
+	receivers, err := direct.Publish(context.Background(), channel, "*").Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, receivers, "Redis had the channel subscribed once the watch had returned")
 	select {
 	case <-ch:
 	case <-time.After(5 * time.Second):
