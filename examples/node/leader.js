@@ -45,8 +45,10 @@ async function main() {
         throw err;
       }
       console.log(`elected token=${term.token}`);
+      // Said the moment the term is lost, before any code that waits on
+      // the term goes on.
+      term.once('lost', (err) => console.log(`term lost reason=${err.reason}`));
       await lead(term, stop.signal);
-      if (term.lost) console.log(`term lost reason=${term.lostReason}`);
     }
   } finally {
     await campaign?.resign();
