@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,4 +533,25 @@ func TestConcurrentCallsShareRoundTrips(t *testing.T) {
 	}
 	assert.Less(t, elapsed, 20*2*oneWay, "64 acquires and releases took %v: they did not share round trips", elapsed)
 	t.Logf("64 acquires and 64 releases in %v (%.1f round trips)", elapsed, float64(elapsed)/float64(2*oneWay))
+}
+
+// TestTokenFollowsTheLastOne: a name's next token is its last one plus
+// one when that is ahead of Redis's clock (a clock stepped back, a
+// failover to a server whose clock is behind), exclusive and shared.
+func TestTokenFollowsTheLastOne(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rc := srv.Client(t)
+	b := open(t, newClient(srv.Addr()), "tk")
+	defer b.Close()
+	ctx := context.Background()
+	now, err := rc.Time(ctx).Result()
+	require.NoError(t, err)
+	ahead := uint64(now.UnixMicro()) + 1_000_000_000 // 1000 s ahead
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		name := fmt.Sprint("ahead-", mode)
+		require.NoError(t, rc.Set(ctx, "tk:lk:{"+name+"}:f", strconv.FormatUint(ahead, 10), 0).Err())
+		g, err := b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "l1", Mode: mode, TTL: time.Second})
+		require.NoError(t, err)
+		assert.Equal(t, ahead+1, g.Token, "%v", mode)
+	}
 }
