@@ -1567,17 +1567,44 @@ func TestCluster_SlotMigration(t *testing.T) {
 		default:
 		}
 	}
+	// landed waits until a renewal lands where pttl reads the holder's
+	// key, and checks that nobody else got the name. While the slot
+	// migrates, the agent's scripts of several keys, some of which do not
+	// exist (a check, an acquire), get TRYAGAIN: only the renewals, of the
+	// holder's key alone, go through (see docs/redis.md).
+	landed := func(where string, pttl func() time.Duration) {
+		t.Helper()
+		prev := pttl()
+		eventually(t, 2*ttl, "a renewal lands on "+where, func() bool {
+			cur := pttl()
+			up := cur > prev+5*time.Millisecond
+			prev = cur
+			return up
+		})
+		select {
+		case w := <-got:
+			t.Fatalf("%s: the waiter got the name while it was held: %+v", where, w)
+		default:
+		}
+	}
 	cluster := func(addr string, args ...any) {
 		t.Helper()
 		require.NoError(t, nodes[addr].Do(ctx, append([]any{"CLUSTER"}, args...)...).Err(), "%s: CLUSTER %v", addr, args)
 	}
 
-	// The resharding's steps, back to back as redis-cli --cluster reshard
-	// takes them: while the slot is MIGRATING, a script whose keys are
-	// partly on one side gets TRYAGAIN, which go-redis retries a few
-	// times.
+	// The resharding's steps, as redis-cli --cluster reshard takes them,
+	// the lease renewed at each: while the slot is MIGRATING, the old
+	// primary serves the keys it still has and redirects the others with
+	// ASK, which go-redis follows. (Between the moves of a name's keys, a
+	// script whose keys are partly on each side gets TRYAGAIN, which
+	// go-redis retries a few times: reshard moves them in one MIGRATE.)
 	cluster(to, "SETSLOT", slot, "IMPORTING", ids[from])
 	cluster(from, "SETSLOT", slot, "MIGRATING", ids[to])
+	landed("the old primary, the slot MIGRATING", func() time.Duration {
+		pttl, err := nodes[from].PTTL(ctx, lockKey(name)).Result()
+		require.NoError(t, err)
+		return pttl
+	})
 	keys, err := nodes[from].Do(ctx, "CLUSTER", "GETKEYSINSLOT", slot, 100).StringSlice()
 	require.NoError(t, err)
 	require.NotEmpty(t, keys)
@@ -1588,6 +1615,19 @@ func TestCluster_SlotMigration(t *testing.T) {
 		migrate = append(migrate, k)
 	}
 	require.NoError(t, nodes[from].Do(ctx, migrate...).Err())
+	// The renewals follow ASK to the new primary.
+	importing := nodes[to].Conn()
+	t.Cleanup(func() { importing.Close() })
+	landed("the new primary, through ASK", func() time.Duration {
+		var pttl *goredis.DurationCmd
+		_, err := importing.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			p.Do(ctx, "ASKING")
+			pttl = p.PTTL(ctx, lockKey(name))
+			return nil
+		})
+		require.NoError(t, err, "PTTL on the importing primary")
+		return pttl.Val()
+	})
 	for addr := range nodes {
 		cluster(addr, "SETSLOT", slot, "NODE", ids[to])
 	}
