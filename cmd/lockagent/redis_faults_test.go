@@ -748,7 +748,7 @@ func TestB3_SlowRedis(t *testing.T) {
 		ttl   = time.Second
 		delay = 300 * time.Millisecond // per direction: a round trip of 0.6 × TTL
 		name  = "b3/x"
-		phase = 4 * time.Second
+		phase = 8 * time.Second
 	)
 	f := startFleet(t, 2, redistest.Options{}, "")
 	slow, fast := f.agents[0], f.agents[1]
@@ -859,7 +859,9 @@ func TestB3_SlowRedis(t *testing.T) {
 			case l.Acquired:
 				count(&fastGrants)
 				h.use(who, appF, evF, name, l, got, 100*time.Millisecond)
-				time.Sleep(150 * time.Millisecond)
+				// The name mostly free: the slow agent's grants are what
+				// the scenario is about.
+				time.Sleep(400 * time.Millisecond)
 				continue
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -868,7 +870,7 @@ func TestB3_SlowRedis(t *testing.T) {
 	wg.Wait()
 	late1 := strings.Count(slow.proc.stderr.String(), lateLog) - late0
 	assert.Zero(t, fastErrors, "the fast agent's acquires that failed")
-	assert.NotZero(t, slowGrants, "the slow agent never got the lock: the scenario did not run")
+	assert.GreaterOrEqual(t, slowGrants, 2, "the slow agent got the lock %d times: the scenario barely ran", slowGrants)
 
 	// A round trip longer than the TTL: every grant arrives too late.
 	eventually(t, 3*time.Second, "the name is free", func() bool { return !fltMustReadLock(t, rc, name).exists })
