@@ -11,11 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-type nopConn struct{}
-
-func (nopConn) Send(Event) {}
-func (nopConn) Close()     {}
-
 // TestGrantCountsOnce: from the moment an acquire, a try or a wait, is
 // granted, its name counts once against the session's and the uid's lease
 // limits, not as a lease and a pending acquire both (which refused
@@ -30,7 +25,7 @@ func TestGrantCountsOnce(t *testing.T) {
 	go func() { a.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	const uid = 1000
-	s, err := a.Open(Peer{UID: uid}, SessionOptions{}, nopConn{})
+	s, err := a.Open(Peer{UID: uid}, SessionOptions{}, &events{})
 	require.NoError(t, err)
 	for i, wait := range []time.Duration{0, time.Second} {
 		var held, perUID int
