@@ -393,7 +393,7 @@ func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 			if freed == nil {
 				ch, stop, err := a.b.Watch(ctx, w.req.Name, w.ticket)
 				if err != nil {
-					a.observeFailure("acquire", err)
+					a.called("acquire", err)
 					return AcquireResult{}, a.ctxErr(ctx, fmt.Errorf("watch %s: %w", w.req.Name, err))
 				}
 				defer stop()
@@ -538,8 +538,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Ticket: w.ticket, Deadline: deadline,
 	})
 	if !errors.Is(err, backend.ErrUnavailable) || !cutShort(sent, until, req.Wait) {
-		a.note(err)
-		a.observeFailure("acquire", err)
+		a.called("acquire", err)
 	}
 	var held *backend.HeldError
 	switch {

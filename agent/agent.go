@@ -246,11 +246,10 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 // lease will expire there on its own.
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
-	a.note(err)
+	a.called("release", err)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		return
 	}
-	a.observeFailure("release", err)
 	if errors.Is(err, backend.ErrUnavailable) && a.retryRelease(l) {
 		a.log.Warn("release failed; trying again until the lease would expire in the backend", "name", l.name, "lease", l.id, "error", err)
 		return
@@ -298,8 +297,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
 			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
 			cancel()
-			a.note(err)
-			a.observeFailure("release", err)
+			a.called("release", err)
 			switch {
 			case err == nil, errors.Is(err, backend.ErrNotHeld):
 				a.log.Info("release done on a later try", "name", l.name, "lease", l.id)

@@ -55,7 +55,7 @@ func (a *Agent) observeAcquire(mode backend.Mode, start time.Time, res AcquireRe
 	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrClosed),
 		errors.Is(err, backend.ErrForeignKey), errors.Is(err, context.DeadlineExceeded):
 		// The backend failed the request (answered backend_unavailable
-		// or foreign_key); each failed call was told (observeFailure).
+		// or foreign_key); each failed call was told (called).
 		result = ResultError
 	case err != nil:
 		result = ResultError
@@ -74,11 +74,13 @@ func (a *Agent) Refused(mode backend.Mode, err error) {
 	a.observeAcquire(mode, time.Now(), AcquireResult{}, err)
 }
 
-// observeFailure tells the observer of a backend call for op (acquire,
-// release) that failed: every attempt of a waiting acquire or a campaign,
-// every try of a release. A call answered (held, not held) or given up by
-// its caller is no failure.
-func (a *Agent) observeFailure(op string, err error) {
+// called records the outcome of a backend call for op (acquire, release):
+// in the status's backend error (note), and, if it failed, in the
+// metrics: every attempt of a waiting acquire or a campaign, every try of
+// a release. A call answered (held, not held) or given up by its caller
+// is no failure.
+func (a *Agent) called(op string, err error) {
+	a.note(err)
 	o := a.cfg.Observer
 	if o == nil || err == nil || errors.Is(err, backend.ErrHeld) || errors.Is(err, backend.ErrNotHeld) ||
 		errors.Is(err, context.Canceled) {

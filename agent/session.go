@@ -471,7 +471,7 @@ func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 		}
 		a.mu.Unlock()
 		err := a.b.Release(ctx, backend.Lease{Name: name, LeaseID: h.LeaseID, Mode: h.Mode})
-		a.observeFailure("release", err)
+		a.called("release", err)
 		switch {
 		case err == nil:
 			n++
