@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -146,7 +147,11 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		}
 		mu.Unlock()
 		if full || fullUID {
-			s.refuse(nc, peer, fullUID)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.refuse(nc, peer, fullUID)
+			}()
 			continue
 		}
 		// Requests end with their connection, not with the server's
@@ -208,7 +213,20 @@ func (s *Server) refuse(nc *net.UnixConn, p agent.Peer, perUID bool) {
 		msg, limit = fmt.Sprintf("too many connections for uid %d", p.UID), s.MaxConnsPerUID
 	}
 	s.PeerLog.Log(s.Logger, hclog.Warn, p.UID, "connection refused: "+msg, "pid", p.PID, "uid", p.UID, "max", limit)
-	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	nc.Write(encodeError(nil, CodeLimitExceeded, msg, nil))
-	nc.Close()
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(refuseLinger))
+	if _, err := nc.Write(encodeError(nil, CodeLimitExceeded, msg, nil)); err != nil {
+		return
+	}
+	// Closed with the client's first request unread, the socket would
+	// fail the client's write of it, and a client whose write fails may
+	// never read the reason (asyncio drops what it has not read). So the
+	// reason is followed by the end of the output, and what the client
+	// sends meanwhile is read and dropped, until it closes or for
+	// refuseLinger at most.
+	nc.CloseWrite()
+	io.Copy(io.Discard, nc)
 }
+
+// refuseLinger bounds the life of a refused connection.
+const refuseLinger = 100 * time.Millisecond

@@ -110,6 +110,10 @@ DEFAULT_TIMEOUT = 10.0
 # client has no timeout.
 _END_WAIT = 5.0
 
+# Seconds a failed send waits for the reader to read the agent's reason
+# for closing the connection (a limit reached), if it gave one.
+_REASON_WAIT = 1.0
+
 # Why a lease was lost. The first four come from the agent's `lost` event;
 # the others are the client's own.
 #: The backend no longer has the lease, or its deadline passed unrenewed.
@@ -1655,9 +1659,13 @@ class Client(_Core):
         try:
             conn.send(data)
         except OSError as e:
-            # sendall failed: the line's end, at least, never left.
+            # sendall failed: the line's end, at least, never left. The
+            # agent closed the connection, maybe saying why first: the
+            # reader reads that to the end before it is killed.
             with self._answer_mu:
                 conn.pending.pop(key, None)
+            if conn.reader is not threading.current_thread():
+                conn.reader.join(_REASON_WAIT)
             conn.kill()
             raise _NotSent("sending %s to the agent: %s" % (op, e)) from e
         timeout = self._call_timeout(op, args)
@@ -2179,6 +2187,10 @@ class AsyncClient(_Core):
             self._abandon(conn, pending)
             raise AgentTimeout("the agent did not answer %s within %.1fs" % (op, timeout)) from None
         except OSError as e:
+            # The agent closed the connection, maybe saying why first: the
+            # reader reads that to the end before it is killed.
+            if conn.task is not asyncio.current_task():
+                await asyncio.wait([conn.task], timeout=_REASON_WAIT)
             conn.kill()
             raise AgentConnectionError("sending %s to the agent: %s" % (op, e)) from e
         except BaseException:  # cancelled: give up the request
