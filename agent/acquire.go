@@ -563,16 +563,18 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		return nil, 0, a.ctxErr(ctx, fmt.Errorf("acquire %s: %w", req.Name, err))
 	}
 	w.unknown = nil // l has its id: granted, or released below
-	now := time.Now()
+	answered := time.Now()
 	l.token = g.Token
-	l.granted = now
+	l.granted = answered
 	// A suspend of the host during the round trip shortens the lease by as
 	// much, on the monotonic clock.
-	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL) - max(sleptDuring(sent, now), 0))
+	l.validUntil = sent.Add(req.TTL - a.margin(req.TTL) - max(sleptDuring(sent, answered), 0))
 	l.nextRenew = sent.Add(renewInterval(req.TTL))
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.awaitTold(req.Name)
+	now := time.Now()
 	var refuse error
 	switch {
 	case a.closing:
@@ -585,7 +587,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		refuse = errSuperseded
 	case !now.Before(l.validUntil):
 		// The answer came too late to be handed out as valid.
-		a.log.Warn("grant arrived after its local deadline; released", "name", req.Name, "took", now.Sub(sent))
+		a.log.Warn("grant arrived after its local deadline; released", "name", req.Name, "took", answered.Sub(sent))
 		a.releaseLater([]*lease{l})
 		return nil, 0, nil
 	}

@@ -119,6 +119,7 @@ type Agent struct {
 	leases   map[string]*lease       // by lease id
 	queues   map[string]*queue       // by name; present while it has waiters
 	gone     map[string]*goneRelease // by name; see willRelease
+	telling  map[string]*telling     // by name; see told
 	waiters  int                     // waiting acquires across every queue
 	sched    schedule
 	closing  bool      // Run is shutting down: no new sessions or grants
@@ -160,6 +161,7 @@ func New(cfg Config) *Agent {
 		leases:   make(map[string]*lease),
 		queues:   make(map[string]*queue),
 		gone:     make(map[string]*goneRelease),
+		telling:  make(map[string]*telling),
 		perUID:   make(map[uint32]int),
 		sessUID:  make(map[uint32]int),
 		kick:     make(chan struct{}, 1),

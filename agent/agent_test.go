@@ -142,6 +142,11 @@ func (c *conn) Close() {
 	c.closed = true
 }
 
+// Written: Send records an event at once.
+func (c *conn) Written() <-chan struct{} { return closedChan }
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
 func (c *conn) got() []stamped {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -142,7 +142,94 @@ func (a *Agent) dropLost(l *lease, reason string) bool {
 		ev.Campaign = l.camp.id
 	}
 	l.session.send(ev)
+	if c := l.session.conn; c != nil {
+		a.told(l.name, c)
+	}
 	return true
+}
+
+// telling is the lost events of a name's holders on their way to the
+// holders' connections.
+type telling struct {
+	until   time.Time         // when grants of the name stop waiting for them
+	written []<-chan struct{} // closed once each connection has written its event
+}
+
+// told notes that the holder of a lease of name on conn was just told it
+// lost the lease: the next grant of name waits until conn has written the
+// event, NotifyBudget at most (see awaitTold), so that the holder hears of
+// its loss before anybody else can hear of the name's grant. a.mu is held.
+func (a *Agent) told(name string, conn Conn) {
+	now := time.Now()
+	t := a.telling[name]
+	if t == nil || !now.Before(t.until) {
+		t = &telling{}
+		a.telling[name] = t
+	}
+	t.until = now.Add(a.cfg.NotifyBudget)
+	t.written = append(t.written, conn.Written())
+}
+
+// awaitTold is the last step of every grant of name (see attempt), which
+// follows the rule of guarantee 3: a lease is reported lost before its
+// name can be granted to anybody else. Leases past their local deadline
+// are lost first: an agent stopped or starved past them had no time to,
+// and the backend may grant their names as they expire there. Then the
+// grant waits for the lost events of name's holders on this agent to be
+// written (see told). a.mu is held, and released while it waits.
+func (a *Agent) awaitTold(name string) {
+	for {
+		now := time.Now()
+		a.loseOverdue(now)
+		t := a.telling[name]
+		if t == nil {
+			return
+		}
+		if !now.Before(t.until) {
+			delete(a.telling, name)
+			return
+		}
+		t.written = slices.DeleteFunc(t.written, isClosed)
+		if len(t.written) == 0 {
+			delete(a.telling, name)
+			return
+		}
+		written, until := slices.Clone(t.written), t.until
+		a.mu.Unlock()
+		waitAll(written, until)
+		a.mu.Lock()
+	}
+}
+
+// forgetTold drops what grants no longer wait for. a.mu is held.
+func (a *Agent) forgetTold(now time.Time) {
+	for name, t := range a.telling {
+		if !now.Before(t.until) {
+			delete(a.telling, name)
+		}
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitAll waits until every channel is closed, or until.
+func waitAll(chs []<-chan struct{}, until time.Time) {
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 func (a *Agent) kickScheduler() {
@@ -180,11 +267,17 @@ func (s *Session) LoseOverdue() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	a.loseOverdue(time.Now())
+}
+
+// loseOverdue loses every lease whose local deadline is at or before now.
+// A lease is due no later than its deadline, so only the leases due by
+// now are looked at. a.mu is held.
+func (a *Agent) loseOverdue(now time.Time) {
 	if a.sched.len() == 0 || a.sched.next().After(now) {
 		return
 	}
-	for _, l := range a.leases {
+	for _, l := range a.sched.dueBy(now, nil) {
 		if !now.Before(l.validUntil) {
 			a.lose(l, lostReason(l))
 		}
@@ -217,6 +310,7 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 			a.resumed(slept)
 		}
 		a.lastSeen = st
+		a.forgetTold(now)
 		if a.atRisk == 0 {
 			a.setDegraded(false)
 		}

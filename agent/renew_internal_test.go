@@ -24,6 +24,11 @@ func (e *events) Send(ev Event) {
 	e.got = append(e.got, ev)
 }
 func (e *events) Close() {}
+func (e *events) Written() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
 
 // TestRenewalAnsweredAfterTheDeadline: a renewal the backend applied, but
 // whose answer is read after the lease's local deadline, loses the lease

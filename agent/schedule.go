@@ -25,6 +25,27 @@ func (s *schedule) top() *lease { return s.e[0].l }
 // next is when the lease due first is due. The schedule must not be empty.
 func (s *schedule) next() time.Time { return s.origin.Add(time.Duration(s.e[0].due)) }
 
+// dueBy appends to out the leases due at or before t, in no order.
+func (s *schedule) dueBy(t time.Time, out []*lease) []*lease {
+	by := int64(t.Sub(s.origin))
+	if len(s.e) == 0 || s.e[0].due > by {
+		return out
+	}
+	// A subtree whose root is due later is due later throughout.
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		out = append(out, s.e[i].l)
+		for c := arity*i + 1; c < min(arity*i+1+arity, len(s.e)); c++ {
+			if s.e[c].due <= by {
+				stack = append(stack, c)
+			}
+		}
+	}
+	return out
+}
+
 func (s *schedule) push(l *lease) {
 	l.index = len(s.e)
 	s.e = append(s.e, schedEntry{due: int64(l.due().Sub(s.origin)), l: l})

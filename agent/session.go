@@ -23,12 +23,17 @@ type Peer struct {
 }
 
 // Conn is the connection attached to a session. The agent calls it with its
-// lock held, so neither method may block.
+// lock held, so no method may block.
 type Conn interface {
 	// Send queues an event. A connection that cannot keep up closes itself.
 	Send(Event)
 	// Close ends the connection once what is queued has been written.
 	Close()
+	// Written returns a channel closed once every event queued so far has
+	// been written to the connection, or the connection has closed. A
+	// grant of a name waits on it after the name's holder was told it lost
+	// the name (see Agent.told).
+	Written() <-chan struct{}
 }
 
 // Event kinds.
@@ -221,6 +226,9 @@ func (a *Agent) Resume(peer Peer, id, token string, opts SessionOptions, conn Co
 		conn.Send(ev)
 	}
 	s.backlog = nil
+	// The session's leases past their local deadline are lost before it
+	// is handed back, and their lost events follow the ones it missed.
+	a.loseOverdue(time.Now())
 	return s, nil
 }
 
@@ -415,16 +423,21 @@ func (s *Session) Check(ctx context.Context, leaseID string) (CheckResult, error
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("check %s: %w", l.name, err)
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// An agent stopped or starved during the round trip may have let the
+	// lease pass its local deadline: then it is not held, whatever the
+	// backend said before.
+	a.loseOverdue(time.Now())
+	if a.leases[leaseID] != l {
+		return CheckResult{Held: false, Token: l.token}, nil
+	}
 	for _, h := range info.Holders {
 		if h.LeaseID == leaseID {
 			return CheckResult{Held: true, Token: l.token, ExpiresIn: h.ExpiresIn}, nil
 		}
 	}
-	a.mu.Lock()
-	if a.leases[leaseID] == l {
-		a.lose(l, ReasonExpired)
-	}
-	a.mu.Unlock()
+	a.lose(l, ReasonExpired)
 	return CheckResult{Held: false, Token: l.token}, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -50,8 +51,11 @@ type conn struct {
 	outMax   int      // the longest line of out
 	held     [][]byte // events held back until the hello response is queued
 	holding  bool
-	writing  bool // a goroutine is draining out; it is the only writer
-	closing  bool // close once out is drained
+	pushed   uint64  // lines ever put in out
+	wrote    uint64  // lines ever written
+	flushes  []flush // see Written
+	writing  bool    // a goroutine is draining out; it is the only writer
+	closing  bool    // close once out is drained
 	closed   bool
 	pending  map[string]*pendingReq // cancellable requests by id key
 	writerWG sync.WaitGroup
@@ -61,6 +65,12 @@ type conn struct {
 	// flight: when the connection ends, and when the agent closes it (its
 	// session ended, or another connection resumed it).
 	end context.CancelFunc
+}
+
+// flush is a wait for the lines queued up to a point to be written.
+type flush struct {
+	upTo uint64 // conn.pushed at the time, and the lines held back
+	done chan struct{}
 }
 
 // pendingReq is a waiting acquire that cancel can name.
@@ -186,6 +196,7 @@ func (c *conn) closeSocket() {
 		c.idle.unpark(c.fd)
 	}
 	c.nc.Close()
+	c.flushed()
 }
 
 // idleTimeout tells whether err is the end of the idle wait that ends at
@@ -239,6 +250,34 @@ func (c *conn) Send(ev agent.Event) {
 	c.enqueue(line, false)
 }
 
+// Written returns a channel closed once every line queued so far, events
+// held back included, has been written, or the connection has closed;
+// part of agent.Conn.
+func (c *conn) Written() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	upTo := c.pushed + uint64(len(c.held))
+	done := make(chan struct{})
+	if c.closed || c.wrote >= upTo {
+		close(done)
+		return done
+	}
+	c.flushes = append(c.flushes, flush{upTo, done})
+	return done
+}
+
+// flushed ends the waits of Written that the lines written so far
+// satisfy, or all of them once the connection is closed. c.mu is held.
+func (c *conn) flushed() {
+	c.flushes = slices.DeleteFunc(c.flushes, func(f flush) bool {
+		if c.closed || c.wrote >= f.upTo {
+			close(f.done)
+			return true
+		}
+		return false
+	})
+}
+
 // holdEvents makes Send keep events back, so that the events a resumed
 // session missed come right after the hello response, in order.
 func (c *conn) holdEvents() {
@@ -283,6 +322,7 @@ func (c *conn) queue(line []byte) {
 
 // push adds a line to the output queue. c.mu is held.
 func (c *conn) push(line []byte) {
+	c.pushed++
 	c.out = append(c.out, line)
 	c.outBytes += len(line)
 	c.outMax = max(c.outMax, len(line))
@@ -349,6 +389,7 @@ func (c *conn) drain() {
 			err = c.w.writeLines(batch)
 		}
 		c.mu.Lock()
+		written := len(batch)
 		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's
 			clear(batch)
 			c.spare = batch[:0]
@@ -366,6 +407,10 @@ func (c *conn) drain() {
 			c.writing = false
 			c.mu.Unlock()
 			return
+		}
+		c.wrote += uint64(written)
+		if len(c.flushes) > 0 {
+			c.flushed()
 		}
 		c.mu.Unlock()
 	}

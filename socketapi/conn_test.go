@@ -52,3 +52,53 @@ func TestLargeAnswerBehindAWrite(t *testing.T) {
 		t.Fatal("the lines did not arrive")
 	}
 }
+
+// TestWritten: Written's channel is closed once the lines queued before it
+// was asked for are written, not before, and at once when nothing waits;
+// a connection that closes ends the wait too.
+func TestWritten(t *testing.T) {
+	nc, peer := socketPair(t)
+	srv := &Server{Logger: hclog.NewNullLogger(), WriteTimeout: 10 * time.Second}
+	srv.setDefaults()
+	fd, raw := descriptor(nc)
+	c := &conn{srv: srv, nc: nc, fd: fd, w: newLineWriter(nc, raw, srv.WriteTimeout), log: srv.Logger, end: func() {}}
+	defer c.writerWG.Wait()
+	defer c.Close()
+
+	requireClosed := func(ch <-chan struct{}, want bool, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+			require.True(t, want, what)
+		default:
+			require.False(t, want, what)
+		}
+	}
+	requireClosed(c.Written(), true, "nothing queued: written")
+
+	// A line larger than the socket's buffer waits for the peer to read.
+	first := bigLine()
+	c.enqueue(first, false)
+	written := c.Written()
+	event := []byte(`{"event":"lost"}` + "\n")
+	c.enqueue(event, false)
+	afterEvent := c.Written()
+	requireClosed(written, false, "the large line is not written while the peer does not read")
+
+	got := readAll(peer, len(first)+len(event))
+	select {
+	case <-afterEvent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Written's channel not closed once the peer read every line")
+	}
+	requireClosed(written, true, "the earlier wait ended too")
+	require.Len(t, <-got, len(first)+len(event))
+
+	c.enqueue(bigLine(), false)
+	pending := c.Written()
+	requireClosed(pending, false, "a line waits")
+	c.mu.Lock()
+	c.closeSocket()
+	c.mu.Unlock()
+	requireClosed(pending, true, "a connection closed ends the wait")
+}
