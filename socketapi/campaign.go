@@ -60,14 +60,14 @@ func (c *conn) campaign(_ context.Context, id json.RawMessage, req *request) boo
 		cr.Meta = *req.Meta
 	}
 	cr.Started = func(campaign string) {
-		c.queue(encodeOK(id, campaignResult{Campaign: campaign}))
+		c.out.queue(encodeOK(id, campaignResult{Campaign: campaign}))
 	}
 	cr.Conn = c // refused once a resume took the session
 	if _, err := c.sess.Campaign(cr); err != nil {
 		c.reply(id, nil, err)
 		return true
 	}
-	c.enqueue(nil, true)
+	c.out.enqueue(nil, true)
 	return true
 }
 

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -26,8 +24,8 @@ type conn struct {
 	srv  *Server
 	nc   *net.UnixConn
 	fd   int32       // nc's descriptor, for idle; -1: unknown
-	w    *lineWriter // nc's; only the one drain running uses it
 	idle *idlePoller // where the connection waits while idle; nil: none
+	out  *output     // what is written to the peer
 	peer agent.Peer
 	log  hclog.Logger
 	ctx  context.Context // the connection's own (see end)
@@ -41,25 +39,11 @@ type conn struct {
 	readDeadline time.Time // the socket's
 	ended        func()    // called once the connection is over
 
-	// mu guards the output queue and the pending requests, and orders
-	// parking against closing the socket. It is never held while calling
-	// the agent, which calls Send and Close with its own lock held.
-	mu       sync.Mutex
-	out      [][]byte
-	spare    [][]byte // the other of two queues that drain swaps
-	outBytes int      // the bytes of out
-	outMax   int      // the longest line of out
-	held     [][]byte // events held back until the hello response is queued
-	holding  bool
-	pushed   uint64  // lines ever put in out
-	wrote    uint64  // lines ever written
-	flushes  []flush // see Written
-	writing  bool    // a goroutine is draining out; it is the only writer
-	closing  bool    // close once out is drained
-	closed   bool
-	pending  map[string]*pendingReq // cancellable requests by id key
-	writerWG sync.WaitGroup
-	reqWG    sync.WaitGroup // request goroutines
+	// mu guards the pending requests. It is never held while calling the
+	// agent.
+	mu      sync.Mutex
+	pending map[string]*pendingReq // cancellable requests by id key
+	reqWG   sync.WaitGroup         // request goroutines
 
 	// end ends the connection's context, and with it every request in
 	// flight: when the connection ends, and when the agent closes it (its
@@ -67,10 +51,32 @@ type conn struct {
 	end context.CancelFunc
 }
 
-// flush is a wait for the lines queued up to a point to be written.
-type flush struct {
-	upTo uint64 // conn.pushed at the time, and the lines held back
-	done chan struct{}
+// newConn returns the connection of nc, a socket accepted from peer, whose
+// context end ends.
+func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer, end context.CancelFunc) *conn {
+	fd, raw := descriptor(nc)
+	c := &conn{srv: s, nc: nc, fd: fd, idle: idle, log: s.Logger, end: end, peer: peer}
+	c.out = &output{
+		w:        newLineWriter(nc, raw, s.WriteTimeout),
+		maxBytes: s.MaxQueueBytes,
+		closeSocket: func() {
+			// A parked connection is first taken out of the idle
+			// poller, before its descriptor can be reused, and its read
+			// loop started: it finds the socket closed and finishes the
+			// connection.
+			if c.idle != nil {
+				c.idle.unpark(c.fd)
+			}
+			c.nc.Close()
+		},
+		warn: func(msg string, args ...any) {
+			s.PeerLog.Log(s.Logger, hclog.Warn, c.peer.UID, msg, append([]any{"pid", c.peer.PID, "uid", c.peer.UID}, args...)...)
+		},
+		debug: func(msg string, args ...any) {
+			c.log.Debug(msg, append([]any{"pid", c.peer.PID, "uid", c.peer.UID}, args...)...)
+		},
+	}
+	return c
 }
 
 // pendingReq is a waiting acquire that cancel can name.
@@ -174,29 +180,13 @@ func (c *conn) readLoop() {
 // waiting in a new goroutine, whose stack starts small again.
 func (c *conn) park() {
 	if c.hbDeadline.IsZero() && c.idle != nil && c.fd >= 0 {
-		// Under c.mu, so that the socket is not closed meanwhile: it is
-		// unparked first (closeSocket).
-		c.mu.Lock()
-		parked := !c.closed && c.idle.park(c.fd, c.readLoop)
-		c.mu.Unlock()
-		if parked {
+		// While the socket is sure to stay open: it is unparked before
+		// it is closed (newConn).
+		if c.out.whileOpen(func() bool { return c.idle.park(c.fd, c.readLoop) }) {
 			return
 		}
 	}
 	go c.readLoop()
-}
-
-// closeSocket closes the socket; c.mu is held. A parked connection is
-// first taken out of the idle poller, before its descriptor can be
-// reused, and its read loop started: it finds the socket closed and
-// finishes the connection.
-func (c *conn) closeSocket() {
-	c.closed = true
-	if c.idle != nil {
-		c.idle.unpark(c.fd)
-	}
-	c.nc.Close()
-	c.flushed()
 }
 
 // idleTimeout tells whether err is the end of the idle wait that ends at
@@ -211,7 +201,7 @@ func (c *conn) idleTimeout(err error, idle time.Time) bool {
 func (c *conn) readFailed(err error) {
 	if errors.Is(err, errLineTooLong) {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
-		c.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
+		c.out.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		if !c.lineDeadline.IsZero() && (c.hbDeadline.IsZero() || c.lineDeadline.Before(c.hbDeadline)) {
 			c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)
@@ -233,196 +223,32 @@ func (c *conn) finish() {
 	}
 	c.reqWG.Wait()
 	c.Close()
-	c.writerWG.Wait()
+	c.out.writers.Wait()
 	c.ended()
 }
 
 // Send queues an event; part of agent.Conn.
-func (c *conn) Send(ev agent.Event) {
-	line := encodeEvent(ev)
-	c.mu.Lock()
-	if c.holding {
-		c.held = append(c.held, line)
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	c.enqueue(line, false)
-}
+func (c *conn) Send(ev agent.Event) { c.out.send(encodeEvent(ev)) }
 
 // Written returns a channel closed once every line queued so far, events
 // held back included, has been written, or the connection has closed;
 // part of agent.Conn.
-func (c *conn) Written() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	upTo := c.pushed + uint64(len(c.held))
-	done := make(chan struct{})
-	if c.closed || c.wrote >= upTo {
-		close(done)
-		return done
-	}
-	c.flushes = append(c.flushes, flush{upTo, done})
-	return done
-}
-
-// flushed ends the waits of Written that the lines written so far
-// satisfy, or all of them once the connection is closed. c.mu is held.
-func (c *conn) flushed() {
-	c.flushes = slices.DeleteFunc(c.flushes, func(f flush) bool {
-		if c.closed || c.wrote >= f.upTo {
-			close(f.done)
-			return true
-		}
-		return false
-	})
-}
-
-// holdEvents makes Send keep events back, so that the events a resumed
-// session missed come right after the hello response, in order.
-func (c *conn) holdEvents() {
-	c.mu.Lock()
-	c.holding = true
-	c.mu.Unlock()
-}
-
-// releaseEvents queues the events held back, then lets Send queue again.
-func (c *conn) releaseEvents() {
-	c.mu.Lock()
-	held := c.held
-	c.held, c.holding = nil, false
-	for _, line := range held {
-		c.push(line)
-	}
-	c.mu.Unlock()
-	c.enqueue(nil, true)
-}
+func (c *conn) Written() <-chan struct{} { return c.out.written() }
 
 // Close closes the connection once what is queued is written; part of
 // agent.Conn. It does not block.
 func (c *conn) Close() {
 	c.end()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closing = true
-	if !c.writing && !c.closed {
-		c.closeSocket()
-	}
-}
-
-// queue adds a line to the output queue without writing it: the caller
-// has the agent's lock and calls enqueue(nil, true) once it is released.
-func (c *conn) queue(line []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.closed {
-		c.push(line)
-	}
-}
-
-// push adds a line to the output queue. c.mu is held.
-func (c *conn) push(line []byte) {
-	c.pushed++
-	c.out = append(c.out, line)
-	c.outBytes += len(line)
-	c.outMax = max(c.outMax, len(line))
-}
-
-// enqueue adds a line (if not nil) to the output queue and sees that it is
-// written. inline lets the caller, if no
-// writer is active, write it itself; the agent's calls (with its lock held)
-// never do, and get a writer goroutine instead. A peer whose queue exceeds
-// the bound is cut off: it is not reading.
-func (c *conn) enqueue(line []byte, inline bool) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return
-	}
-	// The bound is on what waits unwritten but for its longest line, so
-	// that one large answer (a list of many sessions) still goes out to
-	// a reader that keeps up, also with lines queued behind it.
-	if c.outBytes-c.outMax > c.srv.MaxQueueBytes {
-		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "queued_bytes", c.outBytes)
-		c.closeSocket()
-		c.mu.Unlock()
-		return
-	}
-	if line != nil {
-		c.push(line)
-	}
-	if c.writing || len(c.out) == 0 {
-		c.mu.Unlock()
-		return
-	}
-	c.writing = true
-	c.writerWG.Add(1)
-	c.mu.Unlock()
-	if inline {
-		c.drain()
-	} else {
-		go c.drain()
-	}
-}
-
-// drain writes the queue until it is empty; only one drain runs at a time.
-func (c *conn) drain() {
-	defer c.writerWG.Done()
-	for {
-		c.mu.Lock()
-		if len(c.out) == 0 || c.closed {
-			c.writing = false
-			if c.closing && !c.closed {
-				c.closeSocket()
-			}
-			c.mu.Unlock()
-			return
-		}
-		batch := c.out
-		c.out, c.spare, c.outBytes, c.outMax = c.spare, nil, 0, 0
-		c.mu.Unlock()
-
-		var err error
-		if len(batch) == 1 {
-			err = c.w.write(batch[0])
-		} else {
-			err = c.w.writeLines(batch)
-		}
-		c.mu.Lock()
-		written := len(batch)
-		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's
-			clear(batch)
-			c.spare = batch[:0]
-		}
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "slow consumer cut off", "pid", c.peer.PID, "uid", c.peer.UID, "blocked_for", c.srv.WriteTimeout)
-			} else {
-				c.log.Debug("write failed; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
-			}
-			if !c.closed { // cut off meanwhile (enqueue)
-				c.closeSocket()
-			}
-			c.out, c.outBytes, c.outMax = nil, 0, 0
-			c.writing = false
-			c.mu.Unlock()
-			return
-		}
-		c.wrote += uint64(written)
-		if len(c.flushes) > 0 {
-			c.flushed()
-		}
-		c.mu.Unlock()
-	}
+	c.out.close()
 }
 
 // reply sends a response; a nil result error sends the error's code.
 func (c *conn) reply(id json.RawMessage, result any, err error) {
 	if err != nil {
-		c.enqueue(c.errorLine(id, err), true)
+		c.out.enqueue(c.errorLine(id, err), true)
 		return
 	}
-	c.enqueue(encodeOK(id, result), true)
+	c.out.enqueue(encodeOK(id, result), true)
 }
 
 func (c *conn) errorLine(id json.RawMessage, err error) []byte {
@@ -446,11 +272,11 @@ func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 // connection must end.
 func (c *conn) handle(ctx context.Context, line []byte) bool {
 	if !utf8.Valid(line) {
-		c.enqueue(encodeError(nil, CodeBadRequest, "a request is UTF-8", nil), true)
+		c.out.enqueue(encodeError(nil, CodeBadRequest, "a request is UTF-8", nil), true)
 		return true
 	}
 	if loneSurrogate(line) {
-		c.enqueue(encodeError(nil, CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
+		c.out.enqueue(encodeError(nil, CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
 		return true
 	}
 	var req request
@@ -459,11 +285,11 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		if err.code == CodeBadRequest || !validID(id) {
 			id = nil
 		}
-		c.enqueue(encodeError(id, err.code, err.msg, nil), true)
+		c.out.enqueue(encodeError(id, err.code, err.msg, nil), true)
 		return true
 	}
 	if !validID(req.ID) {
-		c.enqueue(encodeError(nil, CodeBadRequest, "id must be a string or an integer", nil), true)
+		c.out.enqueue(encodeError(nil, CodeBadRequest, "id must be a string or an integer", nil), true)
 		return true
 	}
 	id := req.ID
@@ -471,25 +297,25 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		id = nullID
 	}
 	if req.Op == "" {
-		c.enqueue(encodeError(id, CodeBadRequest, "op is required", nil), true)
+		c.out.enqueue(encodeError(id, CodeBadRequest, "op is required", nil), true)
 		return true
 	}
 
 	if req.Op == "hello" {
 		if c.sess != nil {
-			c.enqueue(encodeError(id, CodeBadRequest, "hello must be the first request", nil), true)
+			c.out.enqueue(encodeError(id, CodeBadRequest, "hello must be the first request", nil), true)
 			return true
 		}
-		c.holdEvents()
+		c.out.hold()
 		res, err := c.hello(&req)
 		c.reply(id, res, err)
-		c.releaseEvents()
+		c.out.release()
 		// Without a session the connection is of no use.
 		return !errors.Is(err, agent.ErrLimitExceeded)
 	}
 	op, known := ops[req.Op]
 	if !known {
-		c.enqueue(encodeError(id, CodeUnknownOp, fmt.Sprintf("unknown op %q", req.Op), nil), true)
+		c.out.enqueue(encodeError(id, CodeUnknownOp, fmt.Sprintf("unknown op %q", req.Op), nil), true)
 		return true
 	}
 	if c.sess == nil {
@@ -672,7 +498,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 	// The grant is queued with the agent's lock held, so that it goes out
 	// before any event of the new lease.
 	ar.Granted = func(l agent.Lease) {
-		c.queue(encodeOK(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(l)}))
+		c.out.queue(encodeOK(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(l)}))
 	}
 	ar.Conn = c // refused once a resume took the session
 	if ar.Wait == 0 {
@@ -727,7 +553,7 @@ func (c *conn) replyAcquire(id json.RawMessage, res agent.AcquireResult, err err
 	case err != nil:
 		c.reply(id, nil, err)
 	case res.Acquired:
-		c.enqueue(nil, true)
+		c.out.enqueue(nil, true)
 	default:
 		c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
 	}

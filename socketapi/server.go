@@ -157,8 +157,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		// Requests end with their connection, not with the server's
 		// context: at shutdown the agent answers them itself.
 		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		fd, raw := descriptor(nc)
-		c := &conn{srv: s, nc: nc, fd: fd, w: newLineWriter(nc, raw, s.WriteTimeout), idle: idle, log: s.Logger, end: cancel, peer: peer}
+		c := newConn(s, nc, idle, peer, cancel)
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()

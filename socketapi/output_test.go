@@ -2,24 +2,40 @@ package socketapi
 
 import (
 	"bytes"
+	"net"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 )
+
+// testOutput is the output of one end of a socket pair, bound to maxBytes;
+// the peer is the other end. It is closed, and its writers waited for,
+// when the test ends.
+func testOutput(t *testing.T, maxBytes int) (*output, net.Conn) {
+	nc, peer := socketPair(t)
+	_, raw := descriptor(nc)
+	nolog := func(string, ...any) {}
+	o := &output{
+		w:           newLineWriter(nc, raw, 10*time.Second),
+		maxBytes:    maxBytes,
+		closeSocket: func() { nc.Close() },
+		warn:        nolog,
+		debug:       nolog,
+	}
+	t.Cleanup(func() {
+		o.close()
+		o.writers.Wait()
+	})
+	return o, peer
+}
 
 // TestLargeAnswerBehindAWrite: a large answer queued while the writer is
 // busy with earlier lines is not counted against the output bound, and
 // the lines queued behind it go out too.
 func TestLargeAnswerBehindAWrite(t *testing.T) {
-	nc, peer := socketPair(t)
-	srv := &Server{Logger: hclog.NewNullLogger(), MaxQueueBytes: 4096, WriteTimeout: 10 * time.Second}
-	srv.setDefaults()
-	fd, raw := descriptor(nc)
-	c := &conn{srv: srv, nc: nc, fd: fd, w: newLineWriter(nc, raw, srv.WriteTimeout), log: srv.Logger, end: func() {}}
-	defer c.writerWG.Wait()
-	defer c.Close()
+	const maxBytes = 4096
+	c, peer := testOutput(t, maxBytes)
 
 	// A line larger than the socket's buffer keeps a writer busy until
 	// the peer reads.
@@ -28,11 +44,11 @@ func TestLargeAnswerBehindAWrite(t *testing.T) {
 	require.Eventually(t, func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.writing && len(c.out) == 0
+		return c.writing && len(c.lines) == 0
 	}, 5*time.Second, time.Millisecond, "the writer takes the line")
 
 	event := []byte(`{"event":"backend","state":"degraded"}` + "\n")
-	answer := append(bytes.Repeat([]byte("a"), 3*srv.MaxQueueBytes), '\n')
+	answer := append(bytes.Repeat([]byte("a"), 3*maxBytes), '\n')
 	pong := []byte(`{"id":1,"ok":true,"pong":true}` + "\n")
 	for _, line := range [][]byte{event, answer, pong} {
 		c.enqueue(line, true)
@@ -53,17 +69,11 @@ func TestLargeAnswerBehindAWrite(t *testing.T) {
 	}
 }
 
-// TestWritten: Written's channel is closed once the lines queued before it
+// TestWritten: written's channel is closed once the lines queued before it
 // was asked for are written, not before, and at once when nothing waits;
 // a connection that closes ends the wait too.
 func TestWritten(t *testing.T) {
-	nc, peer := socketPair(t)
-	srv := &Server{Logger: hclog.NewNullLogger(), WriteTimeout: 10 * time.Second}
-	srv.setDefaults()
-	fd, raw := descriptor(nc)
-	c := &conn{srv: srv, nc: nc, fd: fd, w: newLineWriter(nc, raw, srv.WriteTimeout), log: srv.Logger, end: func() {}}
-	defer c.writerWG.Wait()
-	defer c.Close()
+	c, peer := testOutput(t, 1<<20)
 
 	requireClosed := func(ch <-chan struct{}, want bool, what string) {
 		t.Helper()
@@ -74,15 +84,15 @@ func TestWritten(t *testing.T) {
 			require.False(t, want, what)
 		}
 	}
-	requireClosed(c.Written(), true, "nothing queued: written")
+	requireClosed(c.written(), true, "nothing queued: written")
 
 	// A line larger than the socket's buffer waits for the peer to read.
 	first := bigLine()
 	c.enqueue(first, false)
-	written := c.Written()
+	written := c.written()
 	event := []byte(`{"event":"lost"}` + "\n")
 	c.enqueue(event, false)
-	afterEvent := c.Written()
+	afterEvent := c.written()
 	requireClosed(written, false, "the large line is not written while the peer does not read")
 
 	got := readAll(peer, len(first)+len(event))
@@ -95,10 +105,10 @@ func TestWritten(t *testing.T) {
 	require.Len(t, <-got, len(first)+len(event))
 
 	c.enqueue(bigLine(), false)
-	pending := c.Written()
+	pending := c.written()
 	requireClosed(pending, false, "a line waits")
 	c.mu.Lock()
-	c.closeSocket()
+	c.closeNow()
 	c.mu.Unlock()
 	requireClosed(pending, true, "a connection closed ends the wait")
 }

@@ -1,0 +1,236 @@
+package socketapi
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"sync"
+)
+
+// output is a connection's lines on their way to the peer: a bounded queue
+// that answers and events are added to, and exactly one writer at a time
+// that drains it. A peer that does not keep up is cut off: its socket is
+// closed.
+type output struct {
+	w        *lineWriter
+	maxBytes int // the bound on what waits, its longest line aside
+
+	// closeSocket closes the connection's socket; it is called once, with
+	// mu held, and must not block.
+	closeSocket func()
+	// warn and debug log what happens to the connection, with its peer.
+	warn, debug func(msg string, args ...any)
+
+	mu      sync.Mutex
+	lines   [][]byte
+	spare   [][]byte // the other of two queues that drain swaps
+	bytes   int      // the bytes of lines
+	longest int      // the longest of lines
+	held    [][]byte // events held back until the hello response is queued
+	holding bool
+	pushed  uint64  // lines ever put in lines
+	wrote   uint64  // lines ever written
+	flushes []flush // see written
+	writing bool    // a goroutine is draining lines; it is the only writer
+	closing bool    // close once lines is drained
+	closed  bool
+
+	writers sync.WaitGroup // the goroutines draining lines
+}
+
+// flush is a wait for the lines queued up to a point to be written.
+type flush struct {
+	upTo uint64 // output.pushed at the time, and the lines held back
+	done chan struct{}
+}
+
+// send queues an event's line, or holds it back (see hold).
+func (o *output) send(line []byte) {
+	o.mu.Lock()
+	if o.holding {
+		o.held = append(o.held, line)
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	o.enqueue(line, false)
+}
+
+// hold makes send keep events back, so that the events a resumed session
+// missed come right after the hello response, in order.
+func (o *output) hold() {
+	o.mu.Lock()
+	o.holding = true
+	o.mu.Unlock()
+}
+
+// release queues the events held back, then lets send queue again.
+func (o *output) release() {
+	o.mu.Lock()
+	held := o.held
+	o.held, o.holding = nil, false
+	for _, line := range held {
+		o.push(line)
+	}
+	o.mu.Unlock()
+	o.enqueue(nil, true)
+}
+
+// close closes the connection once what is queued is written. It does not
+// block.
+func (o *output) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closing = true
+	if !o.writing && !o.closed {
+		o.closeNow()
+	}
+}
+
+// closeNow closes the socket at once; o.mu is held.
+func (o *output) closeNow() {
+	o.closed = true
+	o.closeSocket()
+	o.flushed()
+}
+
+// whileOpen runs f, which must not block, with the socket sure to stay open
+// meanwhile; it reports f's result, or false if the socket is closed.
+func (o *output) whileOpen(f func() bool) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.closed && f()
+}
+
+// written returns a channel closed once every line queued so far, events
+// held back included, has been written, or the connection has closed.
+func (o *output) written() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	upTo := o.pushed + uint64(len(o.held))
+	done := make(chan struct{})
+	if o.closed || o.wrote >= upTo {
+		close(done)
+		return done
+	}
+	o.flushes = append(o.flushes, flush{upTo, done})
+	return done
+}
+
+// flushed ends the waits of written that the lines written so far
+// satisfy, or all of them once the connection is closed. o.mu is held.
+func (o *output) flushed() {
+	o.flushes = slices.DeleteFunc(o.flushes, func(f flush) bool {
+		if o.closed || o.wrote >= f.upTo {
+			close(f.done)
+			return true
+		}
+		return false
+	})
+}
+
+// queue adds a line without writing it: the caller has the agent's lock
+// and calls enqueue(nil, true) once it is released.
+func (o *output) queue(line []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.push(line)
+	}
+}
+
+// push adds a line to the queue. o.mu is held.
+func (o *output) push(line []byte) {
+	o.pushed++
+	o.lines = append(o.lines, line)
+	o.bytes += len(line)
+	o.longest = max(o.longest, len(line))
+}
+
+// enqueue adds a line (if not nil) to the queue and sees that it is
+// written. inline lets the caller, if no writer is active, write it
+// itself; the agent's calls (with its lock held) never do, and get a
+// writer goroutine instead. A peer whose queue exceeds the bound is cut
+// off: it is not reading.
+func (o *output) enqueue(line []byte, inline bool) {
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return
+	}
+	// The bound is on what waits unwritten but for its longest line, so
+	// that one large answer (a list of many sessions) still goes out to
+	// a reader that keeps up, also with lines queued behind it.
+	if o.bytes-o.longest > o.maxBytes {
+		o.warn("slow consumer cut off", "queued_bytes", o.bytes)
+		o.closeNow()
+		o.mu.Unlock()
+		return
+	}
+	if line != nil {
+		o.push(line)
+	}
+	if o.writing || len(o.lines) == 0 {
+		o.mu.Unlock()
+		return
+	}
+	o.writing = true
+	o.writers.Add(1)
+	o.mu.Unlock()
+	if inline {
+		o.drain()
+	} else {
+		go o.drain()
+	}
+}
+
+// drain writes the queue until it is empty; only one drain runs at a time.
+func (o *output) drain() {
+	defer o.writers.Done()
+	for {
+		o.mu.Lock()
+		if len(o.lines) == 0 || o.closed {
+			o.writing = false
+			if o.closing && !o.closed {
+				o.closeNow()
+			}
+			o.mu.Unlock()
+			return
+		}
+		batch := o.lines
+		o.lines, o.spare, o.bytes, o.longest = o.spare, nil, 0, 0
+		o.mu.Unlock()
+
+		var err error
+		if len(batch) == 1 {
+			err = o.w.write(batch[0])
+		} else {
+			err = o.w.writeLines(batch)
+		}
+		o.mu.Lock()
+		written := len(batch)
+		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's
+			clear(batch)
+			o.spare = batch[:0]
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				o.warn("slow consumer cut off", "blocked_for", o.w.timeout)
+			} else {
+				o.debug("write failed; connection closed", "error", err)
+			}
+			if !o.closed { // cut off meanwhile (enqueue)
+				o.closeNow()
+			}
+			o.lines, o.bytes, o.longest = nil, 0, 0
+			o.writing = false
+			o.mu.Unlock()
+			return
+		}
+		o.wrote += uint64(written)
+		if len(o.flushes) > 0 {
+			o.flushed()
+		}
+		o.mu.Unlock()
+	}
+}
