@@ -126,7 +126,7 @@ func TestTermsWhileAway(t *testing.T) {
 		back := &conn{}
 		_, err = a.Resume(agent.Peer{}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, back)
 		require.NoError(t, err)
-		infos, err := s.List(false)
+		infos, _, err := s.List(agent.ListRequest{})
 		require.NoError(t, err)
 		var term string
 		for _, si := range infos {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -523,43 +524,84 @@ type SessionInfo struct {
 	Campaigns []CampaignInfo
 }
 
-// List describes the sessions of the caller's uid, or every session when all
-// is set (admins only), sorted by id.
-func (s *Session) List(all bool) ([]SessionInfo, error) {
+// ListRequest is what List describes.
+type ListRequest struct {
+	All   bool   // every session (admins only), not only the caller's uid's
+	After string // only the sessions whose id sorts after it
+	Limit int    // at most this many sessions; 0: as many as maxListItems allows
+}
+
+// maxListItems bounds the leases, waiting acquires and campaigns of one
+// List: what it copies under the agent's lock.
+const maxListItems = 4096
+
+// List describes sessions, sorted by id: those of the caller's uid, or
+// every session when req.All is set (admins only), from the first whose
+// id sorts after req.After. It stops after req.Limit sessions, or once
+// those it took hold maxListItems leases, waiting acquires and campaigns
+// (the first always goes in whole); more tells whether sessions remain.
+func (s *Session) List(req ListRequest) (infos []SessionInfo, more bool, err error) {
 	a := s.a
-	if all && !a.IsAdmin(s.currentPeer()) {
-		return nil, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
+	if req.All && !a.IsAdmin(s.currentPeer()) {
+		return nil, false, fmt.Errorf("%w: list all is for admins", ErrPermissionDenied)
 	}
-	if all {
+	if req.All && req.After == "" {
 		a.auditLog("list -all", s)
+	}
+	limit := req.Limit
+	if limit <= 0 {
+		limit = maxListItems
 	}
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []SessionInfo
+	// The first limit+1 sessions after req.After, in order: one more tells
+	// whether any remain.
+	var first []*Session
 	for _, o := range a.sessions {
-		if !all && o.uid != s.uid {
+		if (!req.All && o.uid != s.uid) || o.id <= req.After {
 			continue
 		}
-		si := SessionInfo{ID: o.id, Peer: o.currentPeer(), Client: o.client, Attached: o.conn != nil, OpenedFor: now.Sub(o.opened)}
-		for _, l := range o.leases {
-			si.Leases = append(si.Leases, LeaseInfo{Lease: l.public(), Meta: l.meta, HeldFor: now.Sub(l.granted), ExpiresIn: l.validUntil.Sub(now)})
+		if len(first) == limit+1 && o.id >= first[limit].id {
+			continue
 		}
-		sort.Slice(si.Leases, func(i, j int) bool { return si.Leases[i].Name < si.Leases[j].Name })
-		for _, w := range o.pending {
-			si.Waiting = append(si.Waiting, WaitInfo{Name: w.req.Name, Mode: w.req.Mode, WaitedFor: now.Sub(w.since)})
+		i, _ := slices.BinarySearchFunc(first, o.id, func(x *Session, id string) int { return strings.Compare(x.id, id) })
+		if len(first) <= limit {
+			first = append(first, nil)
 		}
-		sort.Slice(si.Waiting, func(i, j int) bool { return si.Waiting[i].Name < si.Waiting[j].Name })
-		for _, c := range o.campaigns {
-			ci := CampaignInfo{ID: c.id, Name: c.req.Name, Leader: c.term != nil}
-			if c.term != nil {
-				ci.Lease = c.term.id
-			}
-			si.Campaigns = append(si.Campaigns, ci)
-		}
-		sort.Slice(si.Campaigns, func(i, j int) bool { return si.Campaigns[i].Name < si.Campaigns[j].Name })
-		out = append(out, si)
+		copy(first[i+1:], first[i:])
+		first[i] = o
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	items := 0
+	for n, o := range first {
+		if n == limit || (n > 0 && items >= maxListItems) {
+			return infos, true, nil
+		}
+		si := o.describe(now)
+		items += len(si.Leases) + len(si.Waiting) + len(si.Campaigns)
+		infos = append(infos, si)
+	}
+	return infos, false, nil
+}
+
+// describe is what List says of o. a.mu is held.
+func (o *Session) describe(now time.Time) SessionInfo {
+	si := SessionInfo{ID: o.id, Peer: o.currentPeer(), Client: o.client, Attached: o.conn != nil, OpenedFor: now.Sub(o.opened)}
+	for _, l := range o.leases {
+		si.Leases = append(si.Leases, LeaseInfo{Lease: l.public(), Meta: l.meta, HeldFor: now.Sub(l.granted), ExpiresIn: l.validUntil.Sub(now)})
+	}
+	sort.Slice(si.Leases, func(i, j int) bool { return si.Leases[i].Name < si.Leases[j].Name })
+	for _, w := range o.pending {
+		si.Waiting = append(si.Waiting, WaitInfo{Name: w.req.Name, Mode: w.req.Mode, WaitedFor: now.Sub(w.since)})
+	}
+	sort.Slice(si.Waiting, func(i, j int) bool { return si.Waiting[i].Name < si.Waiting[j].Name })
+	for _, c := range o.campaigns {
+		ci := CampaignInfo{ID: c.id, Name: c.req.Name, Leader: c.term != nil}
+		if c.term != nil {
+			ci.Lease = c.term.id
+		}
+		si.Campaigns = append(si.Campaigns, ci)
+	}
+	sort.Slice(si.Campaigns, func(i, j int) bool { return si.Campaigns[i].Name < si.Campaigns[j].Name })
+	return si
 }

@@ -88,6 +88,9 @@ type Limits struct {
 	MaxSessions, MaxLeasesPerSession, MaxWaiters, MaxLineBytes int
 	// Caps per uid, on top of the global ones; 0: none.
 	MaxConnectionsPerUID, MaxSessionsPerUID, MaxLeasesPerUID int
+	// The memory that output not yet read by clients may take, in all
+	// and for the connections of one uid.
+	MaxOutputBytes, MaxOutputBytesPerUID int
 }
 
 // ACL restricts which peers may lock which names, and who is an admin.
@@ -120,6 +123,7 @@ const (
 	ttlCeiling       = 24 * time.Hour         // a dead host's locks come free within a day
 	lineBytesFloor   = 1 << 10                // room for any valid request
 	lineBytesCeiling = 16 << 20               // a bound on per-connection memory
+	outputBytesFloor = 1 << 20                // room for a few answers and events
 	socketPathBytes  = 107                    // sun_path on Linux, less its NUL
 	// WAIT for replicas blocks the grant's connection this long at most.
 	defaultWaitTimeout = 100 * time.Millisecond
@@ -170,6 +174,10 @@ func Default() Config {
 			MaxConnectionsPerUID: 0,
 			MaxSessionsPerUID:    0,
 			MaxLeasesPerUID:      0,
+			// Answers and events written but not yet read by clients:
+			// beyond these, the connections furthest behind are cut off.
+			MaxOutputBytes:       64 << 20,
+			MaxOutputBytesPerUID: 16 << 20,
 		},
 		// No acl block: whoever can open the socket may lock any name.
 		ACL: nil,

@@ -24,7 +24,7 @@ func TestLoadGood(t *testing.T) {
 			LogFormat: "text",
 			Backend:   Backend{Kind: "memory"},
 			Leases:    Leases{DefaultTTL: 15 * time.Second, MinTTL: time.Second, MaxTTL: 24 * time.Hour},
-			Limits:    Limits{MaxSessions: 10000, MaxLeasesPerSession: 1000, MaxWaiters: 10000, MaxLineBytes: 65536},
+			Limits:    Limits{MaxSessions: 10000, MaxLeasesPerSession: 1000, MaxWaiters: 10000, MaxLineBytes: 65536, MaxOutputBytes: 64 << 20, MaxOutputBytesPerUID: 16 << 20},
 			ACL: &ACL{
 				AdminUIDs:   []uint32{0},
 				AdminGroups: []string{"root"},
@@ -61,7 +61,8 @@ func TestLoadGood(t *testing.T) {
 			}},
 			Leases: Leases{DefaultTTL: 30 * time.Second, MinTTL: 500 * time.Millisecond, MaxTTL: 90 * time.Minute},
 			Limits: Limits{MaxSessions: 500, MaxLeasesPerSession: 50, MaxWaiters: 2000, MaxLineBytes: 1 << 20,
-				MaxConnectionsPerUID: 100, MaxSessionsPerUID: 200, MaxLeasesPerUID: 20},
+				MaxConnectionsPerUID: 100, MaxSessionsPerUID: 200, MaxLeasesPerUID: 20,
+				MaxOutputBytes: 32 << 20, MaxOutputBytesPerUID: 4 << 20},
 			ACL: &ACL{
 				AdminUIDs:   []uint32{},
 				AdminGroups: []string{"0"},
@@ -85,53 +86,55 @@ func TestLoadGood(t *testing.T) {
 func TestLoadBad(t *testing.T) {
 	// Each file in testdata/bad and the error it gives, after its path.
 	wants := map[string]string{
-		"backend-kind.hcl":        `:1,9: backend: unknown kind "etcd"; want memory or redis`,
-		"backend-no-label.hcl":    `:1,9: missing kind for backend`,
-		"default-below-min.hcl":   `:1,1: leases.default_ttl: 15s is below min_ttl 20s`,
-		"duplicate-block.hcl":     `:5,1: socket: only one such block is allowed; the first is at line 1`,
-		"duplicate-rule.hcl":      `:5,8: acl.rule "orders/*": duplicate rule; the first is at line 2`,
-		"duration.hcl":            `:2,17: leases.default_ttl: "15x" is not a duration`,
-		"limit-fraction.hcl":      `:2,17: limits.max_waiters: must be a whole number`,
-		"limit-type.hcl":          `:2,17: limits.max_waiters: must be a whole number`,
-		"log-format.hcl":          `:1,14: log_format: "logfmt" is not text or json`,
-		"log-level.hcl":           `:1,13: log_level: "verbose" is not one of trace, debug, info, warn, error`,
-		"max-line-bytes.hcl":      `:2,20: limits.max_line_bytes: 100 is not between 1024 and 16777216`,
-		"max-sessions.hcl":        `:2,18: limits.max_sessions: 0 is below 1`,
-		"max-ttl.hcl":             `:2,13: leases.max_ttl: 48h is above 24h`,
-		"metrics-address.hcl":     `:2,13: metrics.address: "9464" is not host:port`,
-		"metrics-port.hcl":        `:2,13: metrics.address: "127.0.0.1:99999": port "99999" is not a port number or a known service`,
-		"min-ttl.hcl":             `:2,13: leases.min_ttl: 10ms is below 100ms`,
-		"mode-number.hcl":         `:2,10: socket.mode: must be a string`,
-		"mode-range.hcl":          `:2,10: socket.mode: 1777 has bits beyond 0777`,
-		"mode-syntax.hcl":         `:2,10: socket.mode: "rw-rw----" is not an octal mode like "0660"`,
-		"redis-address.hcl":       `:2,36: backend "redis".addresses[1]: "10.0.0.2" is not host:port`,
-		"redis-cluster-db.hcl":    `:4,15: backend "redis".db: must be 0 with Redis Cluster`,
-		"redis-no-addresses.hcl":  `:1,1: backend "redis".addresses: must list at least one host:port`,
-		"redis-password.hcl":      `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
-		"redis-credential.hcl":    `:4,25: backend "redis".password_credential: password_file and password_credential exclude each other`,
-		"sentinel-password.hcl":   `:4,3: backend "redis".sentinel_password: a password is never written in the config; put it in a file and set sentinel_password_file, or in a systemd credential and set sentinel_password_credential`,
-		"sentinel-credential.hcl": `:5,34: backend "redis".sentinel_password_credential: sentinel_password_file and sentinel_password_credential exclude each other`,
-		"sentinel-standalone.hcl": `:3,23: backend "redis".sentinel_username: only with Sentinel (master_name)`,
-		"per-uid-limit.hcl":       `:2,29: limits.max_connections_per_uid: -1 is below 0 (0: no cap per uid)`,
-		"per-uid-sessions.hcl":    `:2,26: limits.max_sessions_per_uid: -3 is below 0 (0: no cap per uid)`,
-		"redis-key-prefix.hcl":    `:3,16: backend "redis".key_prefix: must not hold { or }`,
-		"redis-several.hcl":       `:2,15: backend "redis".addresses: several addresses need master_name (Sentinel) or cluster = true`,
-		"redis-tls.hcl":           `:4,3: backend "redis".tls: cert_file and key_file go together`,
-		"rule-empty-modes.hcl":    `:3,13: acl.rule "orders/*".modes: must not be empty; leave it out to allow every mode`,
-		"rule-empty-pattern.hcl":  `:2,3: acl.rule "": the pattern must not be empty`,
-		"rule-mode.hcl":           `:3,27: acl.rule "orders/*".modes[1]: "read" is not exclusive or shared`,
-		"single-line-block.hcl":   `:3,22: invalid single-argument block definition`,
-		"socket-group.hcl":        `:2,11: socket.group: unknown group "no-such-group-for-lockagent"`,
-		"socket-path.hcl":         `:2,10: socket.path: "agent.sock" is not an absolute path`,
-		"syntax.hcl":              `:1,8: unclosed configuration block`,
-		"ttl-fraction.hcl":        `:2,17: leases.default_ttl: 1.0005s is not a whole number of milliseconds`,
-		"ttl-order.hcl":           `:3,17: leases.default_ttl: 2m is above max_ttl 1m`,
-		"two-backends.hcl":        `:3,1: backend: only one such block is allowed; the first is at line 1`,
-		"uid.hcl":                 `:2,20: acl.admin_uids[1]: must be a uid, a whole number from 0 to 4294967295`,
-		"unknown-attribute.hcl":   `:3,3: socket: unsupported argument: an argument named "owner" is not expected here`,
-		"unknown-block.hcl":       `:3,1: unsupported block type: blocks of type "cache" are not expected here`,
-		"unknown-group.hcl":       `:2,27: acl.admin_groups[1]: unknown group "no-such-group-for-lockagent"`,
-		"variable.hcl":            `:1,13: state_dir: variables not allowed`,
+		"backend-kind.hcl":         `:1,9: backend: unknown kind "etcd"; want memory or redis`,
+		"backend-no-label.hcl":     `:1,9: missing kind for backend`,
+		"default-below-min.hcl":    `:1,1: leases.default_ttl: 15s is below min_ttl 20s`,
+		"duplicate-block.hcl":      `:5,1: socket: only one such block is allowed; the first is at line 1`,
+		"duplicate-rule.hcl":       `:5,8: acl.rule "orders/*": duplicate rule; the first is at line 2`,
+		"duration.hcl":             `:2,17: leases.default_ttl: "15x" is not a duration`,
+		"limit-fraction.hcl":       `:2,17: limits.max_waiters: must be a whole number`,
+		"limit-type.hcl":           `:2,17: limits.max_waiters: must be a whole number`,
+		"log-format.hcl":           `:1,14: log_format: "logfmt" is not text or json`,
+		"log-level.hcl":            `:1,13: log_level: "verbose" is not one of trace, debug, info, warn, error`,
+		"max-line-bytes.hcl":       `:2,20: limits.max_line_bytes: 100 is not between 1024 and 16777216`,
+		"max-sessions.hcl":         `:2,18: limits.max_sessions: 0 is below 1`,
+		"output-bytes.hcl":         `:2,22: limits.max_output_bytes: 1000 is below 1048576`,
+		"output-bytes-per-uid.hcl": `:2,30: limits.max_output_bytes_per_uid: 67108865 is above max_output_bytes 67108864`,
+		"max-ttl.hcl":              `:2,13: leases.max_ttl: 48h is above 24h`,
+		"metrics-address.hcl":      `:2,13: metrics.address: "9464" is not host:port`,
+		"metrics-port.hcl":         `:2,13: metrics.address: "127.0.0.1:99999": port "99999" is not a port number or a known service`,
+		"min-ttl.hcl":              `:2,13: leases.min_ttl: 10ms is below 100ms`,
+		"mode-number.hcl":          `:2,10: socket.mode: must be a string`,
+		"mode-range.hcl":           `:2,10: socket.mode: 1777 has bits beyond 0777`,
+		"mode-syntax.hcl":          `:2,10: socket.mode: "rw-rw----" is not an octal mode like "0660"`,
+		"redis-address.hcl":        `:2,36: backend "redis".addresses[1]: "10.0.0.2" is not host:port`,
+		"redis-cluster-db.hcl":     `:4,15: backend "redis".db: must be 0 with Redis Cluster`,
+		"redis-no-addresses.hcl":   `:1,1: backend "redis".addresses: must list at least one host:port`,
+		"redis-password.hcl":       `:3,3: backend "redis".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
+		"redis-credential.hcl":     `:4,25: backend "redis".password_credential: password_file and password_credential exclude each other`,
+		"sentinel-password.hcl":    `:4,3: backend "redis".sentinel_password: a password is never written in the config; put it in a file and set sentinel_password_file, or in a systemd credential and set sentinel_password_credential`,
+		"sentinel-credential.hcl":  `:5,34: backend "redis".sentinel_password_credential: sentinel_password_file and sentinel_password_credential exclude each other`,
+		"sentinel-standalone.hcl":  `:3,23: backend "redis".sentinel_username: only with Sentinel (master_name)`,
+		"per-uid-limit.hcl":        `:2,29: limits.max_connections_per_uid: -1 is below 0 (0: no cap per uid)`,
+		"per-uid-sessions.hcl":     `:2,26: limits.max_sessions_per_uid: -3 is below 0 (0: no cap per uid)`,
+		"redis-key-prefix.hcl":     `:3,16: backend "redis".key_prefix: must not hold { or }`,
+		"redis-several.hcl":        `:2,15: backend "redis".addresses: several addresses need master_name (Sentinel) or cluster = true`,
+		"redis-tls.hcl":            `:4,3: backend "redis".tls: cert_file and key_file go together`,
+		"rule-empty-modes.hcl":     `:3,13: acl.rule "orders/*".modes: must not be empty; leave it out to allow every mode`,
+		"rule-empty-pattern.hcl":   `:2,3: acl.rule "": the pattern must not be empty`,
+		"rule-mode.hcl":            `:3,27: acl.rule "orders/*".modes[1]: "read" is not exclusive or shared`,
+		"single-line-block.hcl":    `:3,22: invalid single-argument block definition`,
+		"socket-group.hcl":         `:2,11: socket.group: unknown group "no-such-group-for-lockagent"`,
+		"socket-path.hcl":          `:2,10: socket.path: "agent.sock" is not an absolute path`,
+		"syntax.hcl":               `:1,8: unclosed configuration block`,
+		"ttl-fraction.hcl":         `:2,17: leases.default_ttl: 1.0005s is not a whole number of milliseconds`,
+		"ttl-order.hcl":            `:3,17: leases.default_ttl: 2m is above max_ttl 1m`,
+		"two-backends.hcl":         `:3,1: backend: only one such block is allowed; the first is at line 1`,
+		"uid.hcl":                  `:2,20: acl.admin_uids[1]: must be a uid, a whole number from 0 to 4294967295`,
+		"unknown-attribute.hcl":    `:3,3: socket: unsupported argument: an argument named "owner" is not expected here`,
+		"unknown-block.hcl":        `:3,1: unsupported block type: blocks of type "cache" are not expected here`,
+		"unknown-group.hcl":        `:2,27: acl.admin_groups[1]: unknown group "no-such-group-for-lockagent"`,
+		"variable.hcl":             `:1,13: state_dir: variables not allowed`,
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "bad", "*.hcl"))
 	require.NoError(t, err)
@@ -344,13 +347,15 @@ leases {
 }
 
 limits {
-  max_sessions            = 10000
-  max_leases_per_session  = 1000
-  max_waiters             = 10000
-  max_line_bytes          = 65536
-  max_connections_per_uid = 0
-  max_sessions_per_uid    = 0
-  max_leases_per_uid      = 0
+  max_sessions             = 10000
+  max_leases_per_session   = 1000
+  max_waiters              = 10000
+  max_line_bytes           = 65536
+  max_connections_per_uid  = 0
+  max_sessions_per_uid     = 0
+  max_leases_per_uid       = 0
+  max_output_bytes         = 67108864
+  max_output_bytes_per_uid = 16777216
 }
 
 acl {

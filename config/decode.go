@@ -178,7 +178,8 @@ func (d *decoder) root(body hcl.Body, c *Config) {
 	}
 	if b := blocks["limits"]; b != nil {
 		a := d.block("limits", b, []string{"max_sessions", "max_leases_per_session", "max_waiters", "max_line_bytes",
-			"max_connections_per_uid", "max_sessions_per_uid", "max_leases_per_uid"}).Attributes
+			"max_connections_per_uid", "max_sessions_per_uid", "max_leases_per_uid",
+			"max_output_bytes", "max_output_bytes_per_uid"}).Attributes
 		d.integer("limits.max_sessions", a["max_sessions"], &c.Limits.MaxSessions)
 		d.integer("limits.max_leases_per_session", a["max_leases_per_session"], &c.Limits.MaxLeasesPerSession)
 		d.integer("limits.max_waiters", a["max_waiters"], &c.Limits.MaxWaiters)
@@ -186,6 +187,8 @@ func (d *decoder) root(body hcl.Body, c *Config) {
 		d.integer("limits.max_connections_per_uid", a["max_connections_per_uid"], &c.Limits.MaxConnectionsPerUID)
 		d.integer("limits.max_sessions_per_uid", a["max_sessions_per_uid"], &c.Limits.MaxSessionsPerUID)
 		d.integer("limits.max_leases_per_uid", a["max_leases_per_uid"], &c.Limits.MaxLeasesPerUID)
+		d.integer("limits.max_output_bytes", a["max_output_bytes"], &c.Limits.MaxOutputBytes)
+		d.integer("limits.max_output_bytes_per_uid", a["max_output_bytes_per_uid"], &c.Limits.MaxOutputBytesPerUID)
 	}
 	if b := blocks["acl"]; b != nil {
 		c.ACL = d.acl(b)

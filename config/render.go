@@ -59,7 +59,9 @@ func (c Config) Render() string {
 		"max_line_bytes", strconv.Itoa(c.Limits.MaxLineBytes),
 		"max_connections_per_uid", strconv.Itoa(c.Limits.MaxConnectionsPerUID),
 		"max_sessions_per_uid", strconv.Itoa(c.Limits.MaxSessionsPerUID),
-		"max_leases_per_uid", strconv.Itoa(c.Limits.MaxLeasesPerUID))
+		"max_leases_per_uid", strconv.Itoa(c.Limits.MaxLeasesPerUID),
+		"max_output_bytes", strconv.Itoa(c.Limits.MaxOutputBytes),
+		"max_output_bytes_per_uid", strconv.Itoa(c.Limits.MaxOutputBytesPerUID))
 	b.WriteString("}\n\n")
 
 	if a := c.ACL; a != nil {

@@ -126,6 +126,14 @@ func (c *Config) problems() []*fieldError {
 	if n := c.Limits.MaxLineBytes; n < lineBytesFloor || n > lineBytesCeiling {
 		bad("limits.max_line_bytes", "%d is not between %d and %d", n, lineBytesFloor, lineBytesCeiling)
 	}
+	switch l := c.Limits; {
+	case l.MaxOutputBytes < outputBytesFloor:
+		bad("limits.max_output_bytes", "%d is below %d", l.MaxOutputBytes, outputBytesFloor)
+	case l.MaxOutputBytesPerUID < outputBytesFloor:
+		bad("limits.max_output_bytes_per_uid", "%d is below %d", l.MaxOutputBytesPerUID, outputBytesFloor)
+	case l.MaxOutputBytesPerUID > l.MaxOutputBytes:
+		bad("limits.max_output_bytes_per_uid", "%d is above max_output_bytes %d", l.MaxOutputBytesPerUID, l.MaxOutputBytes)
+	}
 
 	if a := c.ACL; a != nil {
 		for i, g := range a.AdminGroups {

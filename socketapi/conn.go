@@ -59,6 +59,8 @@ func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer, end
 	c.out = &output{
 		w:        newLineWriter(nc, raw, s.WriteTimeout),
 		maxBytes: s.MaxQueueBytes,
+		budget:   s.budget,
+		uid:      peer.UID,
 		closeSocket: func() {
 			// A parked connection is first taken out of the idle
 			// poller, before its descriptor can be reused, and its read
@@ -555,7 +557,7 @@ func (c *conn) replyAcquire(id json.RawMessage, res agent.AcquireResult, err err
 	case res.Acquired:
 		c.out.enqueue(nil, true)
 	default:
-		c.reply(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)}, nil)
+		c.replyLarge(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)})
 	}
 }
 
@@ -591,34 +593,131 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 		return true
 	}
 	info, err := c.sess.Inspect(ctx, *req.Name)
+	if err != nil {
+		c.reply(id, nil, err)
+		return true
+	}
 	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken, Queued: info.Queued}
 	if len(info.Holders) > 0 {
 		res.Locked = true
 		m := info.Holders[0].Mode.String()
 		res.Mode = &m
 	}
-	c.reply(id, res, err)
+	c.replyLarge(id, res)
 	return true
 }
 
-func (c *conn) list(_ context.Context, id json.RawMessage, req *request) bool {
+// listChunk is how many sessions list asks the agent for at a time.
+const listChunk = 256
+
+// listPageBytes bounds a list answer with a limit: it ends before a
+// session that would take it past this size (but never before its first
+// session), and next says where to go on.
+const listPageBytes = 256 << 10
+
+// list answers with the sessions asked for, encoded a chunk at a time and
+// charged to the output budget as the answer grows. The lists of one uid
+// are built one at a time.
+func (c *conn) list(ctx context.Context, id json.RawMessage, req *request) bool {
 	all := req.All != nil && *req.All
-	infos, err := c.sess.List(all)
-	res := listResult{Sessions: make([]sessionJSON, 0, len(infos))}
-	for _, si := range infos {
-		sj := sessionJSON{Session: si.ID, PID: si.Peer.PID, UID: si.Peer.UID, Client: si.Client, Attached: si.Attached,
-			Leases: make([]listLeaseJSON, 0, len(si.Leases)), Waiting: make([]waitingJSON, 0, len(si.Waiting))}
-		for _, l := range si.Leases {
-			sj.Leases = append(sj.Leases, listLeaseJSON{toLeaseJSON(l.Lease), l.Meta, l.HeldFor.Milliseconds(), l.ExpiresIn.Milliseconds()})
+	limit := 0 // every session
+	if req.Limit != nil {
+		if *req.Limit < 1 || *req.Limit > 1<<31 {
+			c.reply(id, nil, fmt.Errorf("%w: limit must be a positive integer", agent.ErrInvalidArgument))
+			return true
 		}
-		for _, w := range si.Waiting {
-			sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
-		}
-		sj.Campaigns = toCampaigns(si.Campaigns)
-		res.Sessions = append(res.Sessions, sj)
+		limit = int(*req.Limit)
 	}
-	c.reply(id, res, err)
+	after := ""
+	if req.After != nil {
+		after = *req.After
+	}
+	release, err := c.srv.lists.take(ctx, c.peer.UID)
+	if err != nil {
+		return false // the connection is ending
+	}
+	line := c.buildList(id, all, limit, after)
+	release()
+	c.out.put(line, true)
 	return true
+}
+
+// buildList builds list's answer, or the error that goes in its place,
+// charged to the output budget.
+func (c *conn) buildList(id json.RawMessage, all bool, limit int, after string) []byte {
+	ans := answerBuf{o: c.out}
+	if !ans.add([]byte(`{"id":`), id, []byte(`,"ok":true,"sessions":[`)) {
+		return c.refused(id, 0)
+	}
+	n, next := 0, ""
+	for next == "" {
+		chunk := listChunk
+		if limit > 0 {
+			chunk = min(chunk, limit-n)
+		}
+		infos, more, err := c.sess.List(agent.ListRequest{All: all, After: after, Limit: chunk})
+		if err != nil {
+			ans.drop()
+			line := c.errorLine(id, err)
+			c.out.charge(len(line), false)
+			return line
+		}
+		for _, si := range infos {
+			sj := marshalValue(toSessionJSON(si))
+			if limit > 0 && n > 0 && len(ans.b)+len(sj) > listPageBytes {
+				next = after
+				break
+			}
+			sep := []byte{','}
+			if n == 0 {
+				sep = nil
+			}
+			if !ans.add(sep, sj) {
+				size := len(ans.b) + len(sj)
+				ans.drop()
+				return c.refused(id, size)
+			}
+			n++
+			after = si.ID
+		}
+		if !more {
+			break
+		}
+		if limit > 0 && n == limit {
+			next = after
+		}
+	}
+	nextJSON := []byte("null")
+	if next != "" {
+		nextJSON = appendString(nil, next)
+	}
+	if !ans.add([]byte(`],"next":`), nextJSON, []byte("}\n")) {
+		size := len(ans.b)
+		ans.drop()
+		return c.refused(id, size)
+	}
+	return ans.b
+}
+
+// refused is tooLarge's line, charged.
+func (c *conn) refused(id json.RawMessage, size int) []byte {
+	line := c.tooLarge(id, size)
+	c.out.charge(len(line), false)
+	return line
+}
+
+// tooLarge is the answer that goes in place of one of size bytes (0: not
+// known) that the output budget has no room for.
+func (c *conn) tooLarge(id json.RawMessage, size int) []byte {
+	c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "answer refused: no room for it in the output budget", "pid", c.peer.PID, "uid", c.peer.UID, "size", size)
+	return encodeError(id, CodeLimitExceeded, fmt.Sprintf("the answer does not fit the room the agent keeps for output not yet read by uid %d: read what it sent, or ask for less (list with a limit)", c.peer.UID), nil)
+}
+
+// replyLarge sends the result of an op that changes nothing and may be
+// large (inspect, a denied acquire's holders): if the output budget has
+// no room for it, a limit_exceeded error goes instead.
+func (c *conn) replyLarge(id json.RawMessage, result any) {
+	c.out.answer(encodeOK(id, result), func(size int) []byte { return c.tooLarge(id, size) })
 }
 
 func (c *conn) breakOp(ctx context.Context, id json.RawMessage, req *request) bool {

@@ -117,6 +117,8 @@ func (req *request) set(key string, v []byte) *decodeError {
 		return setStringPtr(key, v, &req.Lease, &req.vals.lease)
 	case "campaign":
 		return setStringPtr(key, v, &req.Campaign, &req.vals.campaign)
+	case "after":
+		return setStringPtr(key, v, &req.After, &req.vals.after)
 	case "version":
 		return setInt(key, v, &req.Version, &req.vals.version)
 	case "session_ttl_ms":

@@ -21,6 +21,13 @@ type output struct {
 	// warn and debug log what happens to the connection, with its peer.
 	warn, debug func(msg string, args ...any)
 
+	// budget, if set, bounds what the connections of uid, and all of
+	// them, may hold unwritten. It guards charged and released.
+	budget   *outputBudget
+	uid      uint32
+	charged  int  // the bytes of lines charged to the budget, not yet written
+	released bool // charged nothing more: closed, or cut off
+
 	mu      sync.Mutex
 	lines   [][]byte
 	spare   [][]byte // the other of two queues that drain swaps
@@ -46,6 +53,9 @@ type flush struct {
 
 // send queues an event's line, or holds it back (see hold).
 func (o *output) send(line []byte) {
+	if !o.charge(len(line), false) {
+		return
+	}
 	o.mu.Lock()
 	if o.holding {
 		o.held = append(o.held, line)
@@ -53,7 +63,7 @@ func (o *output) send(line []byte) {
 		return
 	}
 	o.mu.Unlock()
-	o.enqueue(line, false)
+	o.put(line, false)
 }
 
 // hold makes send keep events back, so that the events a resumed session
@@ -73,7 +83,7 @@ func (o *output) release() {
 		o.push(line)
 	}
 	o.mu.Unlock()
-	o.enqueue(nil, true)
+	o.put(nil, true)
 }
 
 // close closes the connection once what is queued is written. It does not
@@ -92,6 +102,40 @@ func (o *output) closeNow() {
 	o.closed = true
 	o.closeSocket()
 	o.flushed()
+	if o.budget != nil {
+		o.budget.release(o)
+	}
+}
+
+// charge charges n bytes to the budget (see outputBudget.charge), and
+// cuts off the outputs it must. It reports whether o was charged.
+func (o *output) charge(n int, refusable bool) bool {
+	if o.budget == nil || n <= 0 {
+		return true
+	}
+	ok, cut := o.budget.charge(o, n, refusable)
+	for _, c := range cut {
+		c.o.cutOff(c.reason, c.held)
+	}
+	return ok
+}
+
+// credit gives n bytes charged back to the budget.
+func (o *output) credit(n int) {
+	if o.budget != nil && n > 0 {
+		o.budget.credit(o, n)
+	}
+}
+
+// cutOff closes the socket at once: the budget had to take back what o
+// held.
+func (o *output) cutOff(reason string, held int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.warn("slow consumer cut off: "+reason, "held_bytes", held)
+		o.closeNow()
+	}
 }
 
 // whileOpen runs f, which must not block, with the socket sure to stay open
@@ -132,6 +176,9 @@ func (o *output) flushed() {
 // queue adds a line without writing it: the caller has the agent's lock
 // and calls enqueue(nil, true) once it is released.
 func (o *output) queue(line []byte) {
+	if !o.charge(len(line), false) {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.closed {
@@ -153,6 +200,27 @@ func (o *output) push(line []byte) {
 // writer goroutine instead. A peer whose queue exceeds the bound is cut
 // off: it is not reading.
 func (o *output) enqueue(line []byte, inline bool) {
+	if line != nil && !o.charge(len(line), false) {
+		return
+	}
+	o.put(line, inline)
+}
+
+// answer enqueues an answer, to be written inline. If the answer does not
+// fit the room the budget leaves this connection, the line tooLarge makes
+// goes in its place: the client is told, and keeps its connection.
+func (o *output) answer(line []byte, tooLarge func(size int) []byte) {
+	if !o.charge(len(line), true) {
+		line = tooLarge(len(line))
+		if !o.charge(len(line), false) {
+			return
+		}
+	}
+	o.put(line, true)
+}
+
+// put adds a line charged already (if not nil) to the queue, as enqueue.
+func (o *output) put(line []byte, inline bool) {
 	o.mu.Lock()
 	if o.closed {
 		o.mu.Unlock()
@@ -197,7 +265,7 @@ func (o *output) drain() {
 			o.mu.Unlock()
 			return
 		}
-		batch := o.lines
+		batch, size := o.lines, o.bytes
 		o.lines, o.spare, o.bytes, o.longest = o.spare, nil, 0, 0
 		o.mu.Unlock()
 
@@ -232,5 +300,36 @@ func (o *output) drain() {
 			o.flushed()
 		}
 		o.mu.Unlock()
+		o.credit(size)
 	}
+}
+
+// answerBuf is an answer built a piece at a time, charged to the budget
+// as it grows: a large answer takes no more memory than its connection has
+// room for, also while it is built (its buffer's spare capacity aside).
+type answerBuf struct {
+	o *output
+	b []byte
+}
+
+// add appends p, or reports false if the budget refuses the room for it:
+// the answer is then given up (see drop).
+func (a *answerBuf) add(p ...[]byte) bool {
+	n := 0
+	for _, q := range p {
+		n += len(q)
+	}
+	if !a.o.charge(n, true) {
+		return false
+	}
+	for _, q := range p {
+		a.b = append(a.b, q...)
+	}
+	return true
+}
+
+// drop gives the answer up, and its charge back.
+func (a *answerBuf) drop() {
+	a.o.credit(len(a.b))
+	a.b = nil
 }

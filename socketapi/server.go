@@ -22,11 +22,15 @@ type Server struct {
 	Agent  *agent.Agent // required
 	Logger hclog.Logger // default: a null logger
 
-	MaxLineBytes   int           // default 65536
-	MaxConns       int           // open connections; beyond it a connection is refused (admins have agent.AdminReserve more). Default 10000
-	MaxConnsPerUID int           // open connections of one uid; 0: no cap beyond MaxConns
-	MaxQueueBytes  int           // unwritten output per connection before it is cut off; default 1 MiB
-	WriteTimeout   time.Duration // a write blocked longer cuts the connection off; default 10s
+	MaxLineBytes   int // default 65536
+	MaxConns       int // open connections; beyond it a connection is refused (admins have agent.AdminReserve more). Default 10000
+	MaxConnsPerUID int // open connections of one uid; 0: no cap beyond MaxConns
+	MaxQueueBytes  int // unwritten output per connection before it is cut off, its longest line aside; default 1 MiB
+	// MaxOutputBytes bounds the output not yet written of all the
+	// connections, and MaxOutputBytesPerUID that of the connections of one
+	// uid (see outputBudget). Defaults 64 MiB and 16 MiB.
+	MaxOutputBytes, MaxOutputBytesPerUID int
+	WriteTimeout                         time.Duration // a write blocked longer cuts the connection off; default 10s
 	// LineTimeout is how long a line may take to arrive once its first
 	// byte has: a connection that starts a line and never ends it is
 	// closed. Default 10s.
@@ -53,6 +57,8 @@ type Server struct {
 	PeerLog *peerlog.Limiter
 
 	groups *groupCache
+	budget *outputBudget
+	lists  *turns // see conn.list
 }
 
 func (s *Server) setDefaults() {
@@ -68,6 +74,12 @@ func (s *Server) setDefaults() {
 	if s.MaxQueueBytes == 0 {
 		s.MaxQueueBytes = 1 << 20
 	}
+	if s.MaxOutputBytes == 0 {
+		s.MaxOutputBytes = 64 << 20
+	}
+	if s.MaxOutputBytesPerUID == 0 {
+		s.MaxOutputBytesPerUID = 16 << 20
+	}
 	if s.WriteTimeout == 0 {
 		s.WriteTimeout = 10 * time.Second
 	}
@@ -81,6 +93,8 @@ func (s *Server) setDefaults() {
 		s.GroupsOf = GroupsOfUID
 	}
 	s.groups = &groupCache{lookup: s.GroupsOf, ttl: groupCacheTTL}
+	s.budget = newOutputBudget(s.MaxOutputBytes, s.MaxOutputBytesPerUID)
+	s.lists = &turns{}
 	if s.PeerLog == nil {
 		s.PeerLog = peerlog.Default()
 	}

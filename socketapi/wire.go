@@ -85,6 +85,7 @@ type request struct {
 	Meta   *string
 	Lease  *string
 	All    *bool
+	After  *string // list
 	Target json.RawMessage
 
 	// resign
@@ -93,7 +94,7 @@ type request struct {
 	// vals holds the values the pointers above point to, so that
 	// decoding a field allocates no more than its string.
 	vals struct {
-		client, name, mode, scope, meta, lease, campaign         string
+		client, name, mode, scope, meta, lease, campaign, after  string
 		version, sessionTTLMs, heartbeatMs, limit, ttlMs, waitMs int64
 	}
 }
@@ -184,8 +185,18 @@ type inspectResult struct {
 	Queued    int          `json:"queued"`
 }
 
-type listResult struct {
-	Sessions []sessionJSON `json:"sessions"`
+// toSessionJSON is a session in a list answer.
+func toSessionJSON(si agent.SessionInfo) sessionJSON {
+	sj := sessionJSON{Session: si.ID, PID: si.Peer.PID, UID: si.Peer.UID, Client: si.Client, Attached: si.Attached,
+		Leases: make([]listLeaseJSON, 0, len(si.Leases)), Waiting: make([]waitingJSON, 0, len(si.Waiting))}
+	for _, l := range si.Leases {
+		sj.Leases = append(sj.Leases, listLeaseJSON{toLeaseJSON(l.Lease), l.Meta, l.HeldFor.Milliseconds(), l.ExpiresIn.Milliseconds()})
+	}
+	for _, w := range si.Waiting {
+		sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
+	}
+	sj.Campaigns = toCampaigns(si.Campaigns)
+	return sj
 }
 
 type sessionJSON struct {
@@ -348,6 +359,12 @@ func encodeError(id json.RawMessage, code, message string, lease *leaseJSON) []b
 		id = nullID
 	}
 	return marshalLine(errorResponse{ID: id, Error: errorBody{Code: code, Message: message, Lease: lease}})
+}
+
+// marshalValue encodes v as marshalLine does, without the line's end.
+func marshalValue(v any) []byte {
+	b := marshalLine(v)
+	return b[:len(b)-1]
 }
 
 // marshalLine encodes v as a line. HTML characters are not escaped: a

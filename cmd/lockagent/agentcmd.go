@@ -149,7 +149,10 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 		MaxLineBytes:   cfg.Limits.MaxLineBytes,
 		MaxConns:       cfg.Limits.MaxSessions,
 		MaxConnsPerUID: cfg.Limits.MaxConnectionsPerUID,
-		PeerLog:        peerLog,
+
+		MaxOutputBytes:       cfg.Limits.MaxOutputBytes,
+		MaxOutputBytesPerUID: cfg.Limits.MaxOutputBytesPerUID,
+		PeerLog:              peerLog,
 		// An agent allocates little once its sessions are idle, and might
 		// keep a burst's stacks for minutes.
 		AfterIdleBurst: debug.FreeOSMemory,

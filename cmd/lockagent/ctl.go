@@ -106,15 +106,18 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer c.Close()
-		var raw json.RawMessage
-		if err := c.Call(ctx, "list", map[string]any{"all": *all}, &raw); err != nil {
+		sessions, err := listSessions(ctx, c, *all)
+		if err != nil {
 			return fmt.Errorf("list: %w", err)
 		}
 		if *asJSON {
-			if err := printResult(stdout, raw); err != nil {
-				return fmt.Errorf("list: %w", err)
-			}
-			return nil
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(map[string]any{"sessions": sessions})
+		}
+		raw, err := json.Marshal(map[string]any{"sessions": sessions})
+		if err != nil {
+			return fmt.Errorf("list: %w", err)
 		}
 		var res listResult
 		if err := json.Unmarshal(raw, &res); err != nil {
@@ -164,6 +167,30 @@ func refusedName(err error) error {
 		return usageError{err.Error()}
 	}
 	return err
+}
+
+// listPage is how many sessions ctl list asks for at a time.
+const listPage = 100
+
+// listSessions pages through the agent's sessions (all of them, if all),
+// in order.
+func listSessions(ctx context.Context, c *socketapi.Client, all bool) ([]json.RawMessage, error) {
+	sessions := []json.RawMessage{}
+	args := map[string]any{"all": all, "limit": listPage}
+	for {
+		var page struct {
+			Sessions []json.RawMessage `json:"sessions"`
+			Next     *string           `json:"next"`
+		}
+		if err := c.Call(ctx, "list", args, &page); err != nil {
+			return nil, err
+		}
+		sessions = append(sessions, page.Sessions...)
+		if page.Next == nil {
+			return sessions, nil
+		}
+		args["after"] = *page.Next
+	}
 }
 
 type listResult struct {

@@ -76,6 +76,12 @@ func helperMain(mode string, args []string) int {
 		return 0
 	case "signal-without-pidfd":
 		return signalWithoutPidfd()
+	case "list-flood":
+		if err := listFlood(args); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 1
+		}
+		return 0
 	default:
 		fmt.Fprintf(os.Stderr, "helper: unknown mode %q\n", mode)
 		return 2
@@ -275,6 +281,8 @@ type agentEnv struct {
 	dir, socket, stateDir, config string
 	// socketViaEnv passes the socket in LOCKAGENT_SOCKET rather than -socket.
 	socketViaEnv bool
+	// bin is the agent's binary; default lockagentBin.
+	bin string
 }
 
 // newAgentEnv makes an agent's home. The directory comes from
@@ -320,7 +328,11 @@ func (e *agentEnv) spawn(t *testing.T, extraEnv ...string) *proc {
 		args = append(args, "-socket", e.socket)
 		extraEnv = append(extraEnv, "LOCKAGENT_SOCKET="+filepath.Join(e.dir, "decoy"))
 	}
-	return startProc(t, "agent", extraEnv, lockagentBin, args...)
+	bin := e.bin
+	if bin == "" {
+		bin = lockagentBin
+	}
+	return startProc(t, "agent", extraEnv, bin, args...)
 }
 
 // start starts an agent and waits until it answers ping on its socket.

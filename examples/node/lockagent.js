@@ -41,6 +41,9 @@ const END_WAIT_MS = 5000;
 /** How long the client waits for an answer by default (`timeoutMs`), beyond an acquire's own wait. */
 const DEFAULT_TIMEOUT_MS = 10000;
 
+// How many sessions a list asks for at a time: each page is a small answer.
+const LIST_PAGE = 100;
+
 /** The longest timer Node keeps (about 24.8 days); a longer wait for an answer has no limit. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
@@ -720,8 +723,14 @@ class Client extends EventEmitter {
    * @returns {Promise<object[]>}
    */
   async list({ all = false } = {}) {
-    const res = await this._call('list', { all });
-    return res.sessions.map(camelKeys);
+    const sessions = [];
+    const args = { all, limit: LIST_PAGE };
+    for (;;) {
+      const page = await this._call('list', args);
+      sessions.push(...page.sessions);
+      if (page.next == null) return sessions.map(camelKeys);
+      args.after = page.next;
+    }
   }
 
   /**
@@ -983,8 +992,13 @@ class Client extends EventEmitter {
     // A lease the session has and the client does not know was granted to
     // a request whose answer went down with the connection: give it back.
     // A campaign started so is resigned, which ends its term too.
-    const listing = await this._call('list', {}, { handshake: true });
-    const mine = (listing.sessions ?? []).find((s) => s.session === this.session);
+    let mine;
+    for (const args = { limit: LIST_PAGE }; ; ) {
+      const page = await this._call('list', args, { handshake: true });
+      mine ??= (page.sessions ?? []).find((s) => s.session === this.session);
+      if (mine || page.next == null) break;
+      args.after = page.next;
+    }
     const terms = new Set();
     for (const c of mine?.campaigns ?? []) {
       if (this._campaigns.has(c.campaign)) {

@@ -110,6 +110,9 @@ DEFAULT_TIMEOUT = 10.0
 # client has no timeout.
 _END_WAIT = 5.0
 
+# How many sessions a list asks for at a time: each page is a small answer.
+_LIST_PAGE = 100
+
 # Seconds a failed send waits for the reader to read the agent's reason
 # for closing the connection (a limit reached), if it gave one.
 _REASON_WAIT = 1.0
@@ -1394,7 +1397,20 @@ class Client(_Core):
 
     def list_sessions(self, all=False):
         """The sessions of this uid (every session with ``all``, for admins), as dicts."""
-        return self._call("list", {"all": True} if all else {}).get("sessions", [])
+        return self._list(lambda args: self._call("list", args), all)["sessions"]
+
+    @staticmethod
+    def _list(call, all=False):
+        """Every page of a list, as one answer."""
+        args, sessions = {"limit": _LIST_PAGE}, []
+        if all:
+            args["all"] = True
+        while True:
+            page = call(args)
+            sessions += page.get("sessions") or []
+            if page.get("next") is None:
+                return {"sessions": sessions}
+            args["after"] = page["next"]
 
     def break_lock(self, name):
         """End every lease on ``name`` (admins only); returns how many ended."""
@@ -1507,7 +1523,7 @@ class Client(_Core):
                         self._forget(lease)
                     except ProtocolError:
                         pass  # the backend cannot say now: renewals will
-                listing = self._call_on(conn, "list", {})
+                listing = self._list(lambda args: self._call_on(conn, "list", args))
                 self._forget_campaigns(listing)
                 for op, args in self._strays(listing):
                     try:
@@ -1896,7 +1912,20 @@ class AsyncClient(_Core):
 
     async def list_sessions(self, all=False):
         """The sessions of this uid (every session with ``all``, for admins), as dicts."""
-        return (await self._call("list", {"all": True} if all else {})).get("sessions", [])
+        return (await self._list(lambda args: self._call("list", args), all))["sessions"]
+
+    @staticmethod
+    async def _list(call, all=False):
+        """Every page of a list, as one answer."""
+        args, sessions = {"limit": _LIST_PAGE}, []
+        if all:
+            args["all"] = True
+        while True:
+            page = await call(args)
+            sessions += page.get("sessions") or []
+            if page.get("next") is None:
+                return {"sessions": sessions}
+            args["after"] = page["next"]
 
     async def break_lock(self, name):
         """End every lease on ``name`` (admins only); returns how many ended."""
@@ -2008,7 +2037,7 @@ class AsyncClient(_Core):
                         self._forget(lease)
                     except ProtocolError:
                         pass  # the backend cannot say now: renewals will
-                listing = await self._call_on(conn, "list", {})
+                listing = await self._list(lambda args: self._call_on(conn, "list", args))
                 self._forget_campaigns(listing)
                 for op, args in self._strays(listing):
                     try:

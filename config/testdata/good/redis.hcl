@@ -42,6 +42,8 @@ limits {
   max_waiters            = 2000
   max_line_bytes         = 1048576
   max_connections_per_uid = 100
+  max_output_bytes        = 33554432
+  max_output_bytes_per_uid = 4194304
   max_sessions_per_uid    = 200
   max_leases_per_uid     = 20
 }

@@ -1,0 +1,3 @@
+limits {
+  max_output_bytes_per_uid = 67108865
+}

@@ -1,0 +1,3 @@
+limits {
+  max_output_bytes = 1000
+}
