@@ -29,6 +29,11 @@ var (
 	// ErrForeignKey: the lock's storage holds data this agent did not write.
 	// It is never overwritten.
 	ErrForeignKey = errors.New("backend: foreign key")
+	// ErrTokensExhausted: no fencing token below MaxToken is left to
+	// grant the name (on the memory backend, any name), or the store's
+	// clock is too far ahead to give one. Nothing is granted until an
+	// operator acts: tokens must never go back.
+	ErrTokensExhausted = errors.New("backend: fencing tokens exhausted")
 	// ErrUnavailable: the backend could not be reached or did not answer in
 	// time. The outcome of the operation is unknown.
 	ErrUnavailable = errors.New("backend: unavailable")

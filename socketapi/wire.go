@@ -27,6 +27,7 @@ const (
 	CodeSessionExpired     = "session_expired"
 	CodeBackendUnavailable = "backend_unavailable"
 	CodeForeignKey         = "foreign_key"
+	CodeTokensExhausted    = "tokens_exhausted"
 	CodeShuttingDown       = "shutting_down"
 	CodeInternal           = "internal"
 )
@@ -58,6 +59,8 @@ func errorCode(err error) (code string, ok bool) {
 		return CodeBackendUnavailable, true
 	case errors.Is(err, backend.ErrForeignKey):
 		return CodeForeignKey, true
+	case errors.Is(err, backend.ErrTokensExhausted):
+		return CodeTokensExhausted, true
 	}
 	return CodeInternal, false
 }

@@ -33,6 +33,7 @@ func TestErrorCode(t *testing.T) {
 		backend.ErrClosed:                          CodeBackendUnavailable,
 		context.DeadlineExceeded:                   CodeBackendUnavailable,
 		backend.ErrForeignKey:                      CodeForeignKey,
+		backend.ErrTokensExhausted:                 CodeTokensExhausted,
 		errors.New("something else"):               CodeInternal,
 		fmt.Errorf("x: %w", backend.ErrForeignKey): CodeForeignKey,
 	} {
