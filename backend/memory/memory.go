@@ -29,11 +29,14 @@
 // name; when it runs out, the epoch is bumped and written again first.
 // Epochs stay below 2^21, so tokens stay below backend.MaxToken (2^53-1).
 //
-// Open refuses an exhausted epoch, and it refuses an unreadable or corrupt
-// epoch file rather than start again from zero, which would let tokens go
-// back: restore the file, or write into it a number at least as large as the
-// last epoch used (a much larger one is safe). Deleting the file is safe only
-// once no resource remembers a token of this agent.
+// The file holds the last epoch used, and only 0 to 2^21-2 leave an epoch
+// to move to. Open refuses any other number, however large, with
+// backend.ErrTokensExhausted, the error of an acquire once the last epoch
+// runs out too. It refuses an unreadable or corrupt epoch file rather than
+// start again from zero, which would let tokens go back: restore the file,
+// or write into it a number from the last epoch used up to 2^21-2.
+// Deleting the file is safe only once no resource remembers a token of
+// this agent.
 //
 // # Memory
 //
@@ -549,14 +552,19 @@ func (b *Backend) nextToken() (uint64, error) {
 	return b.epoch<<seqBits | b.seq, nil
 }
 
-// nextEpoch persists the next epoch and then moves to it.
+// nextEpoch persists the epoch after b.epoch and then moves to it. It is
+// the one check of an epoch's range: b.epoch is the number the epoch file
+// held at Open, and later the epoch whose sequence ran out, and only an
+// epoch below epochLimit-1 has another after it. It checks before it adds,
+// so that no number wraps around.
 func (b *Backend) nextEpoch() error {
-	next := b.epoch + 1
-	if next >= epochLimit {
-		return fmt.Errorf("memory: fencing epoch in %s is exhausted (tokens would exceed 2^53): "+
-			"delete the file, but only once no resource remembers a token of this agent",
-			filepath.Join(b.dir, epochFile))
+	path := filepath.Join(b.dir, epochFile)
+	if b.epoch >= epochLimit-1 {
+		return fmt.Errorf("memory: fencing epoch file %s: %w: it must hold a number from 0 to %d, "+
+			"the last epoch used, for another epoch to follow (tokens stay below 2^53): restore it, or delete it, "+
+			"but only once no resource remembers a token of this agent", path, backend.ErrTokensExhausted, epochLimit-2)
 	}
+	next := b.epoch + 1
 	if err := writeEpoch(b.dir, next); err != nil {
 		return err
 	}
@@ -564,7 +572,10 @@ func (b *Backend) nextEpoch() error {
 	return nil
 }
 
-// readEpoch returns the epoch stored in dir, 0 if there is none yet.
+// readEpoch returns the epoch stored in dir, 0 if there is none yet. A
+// decimal number too large for 64 bits reads as the largest uint64 (what
+// strconv.ParseUint returns with ErrRange), for nextEpoch to refuse like
+// any other number past the range.
 func readEpoch(dir string) (uint64, error) {
 	path := filepath.Join(dir, epochFile)
 	data, err := os.ReadFile(path)
@@ -574,11 +585,13 @@ func readEpoch(dir string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("memory: read fencing epoch: %w", err)
 	}
-	epoch, err := strconv.ParseUint(strings.TrimSuffix(string(data), "\n"), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("memory: fencing epoch file %s is corrupt (%w): restore it, or write into it "+
-			"a number at least as large as the last epoch used; deleting it would let fencing tokens go back",
-			path, err)
+	text := strings.TrimSuffix(string(data), "\n")
+	epoch, err := strconv.ParseUint(text, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		// %.32q: the file may be large; its start says enough.
+		return 0, fmt.Errorf("memory: fencing epoch file %s is corrupt: it holds %.32q, not a decimal number: "+
+			"restore it, or write into it a number from the last epoch used up to %d; "+
+			"deleting it would let fencing tokens go back", path, text, epochLimit-2)
 	}
 	return epoch, nil
 }

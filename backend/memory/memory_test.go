@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,31 +112,78 @@ func TestOpenCreatesStateDir(t *testing.T) {
 	requireOnlyEpochFile(t, dir)
 }
 
-func TestOpenRefusesCorruptEpoch(t *testing.T) {
-	for _, data := range []string{"", "\n", "abc\n", "-1\n", "+1\n", " 1\n", "1 2\n", "1\n\n", "99999999999999999999999\n"} {
-		t.Run(strconv.Quote(data), func(t *testing.T) {
+// TestOpenChecksTheEpochFile: the epoch file is refused, and left as it is,
+// unless it holds a decimal number from 0 to epochLimit-2, which leaves an
+// epoch to move to; every number past that, however large, is refused the
+// same way, as tokens exhausted, and the message of a corrupt file names
+// the numbers it may hold.
+func TestOpenChecksTheEpochFile(t *testing.T) {
+	last := strconv.FormatUint(epochLimit-2, 10) // 2097150, the largest usable
+	for _, tc := range []struct {
+		data  string
+		epoch uint64 // the epoch of the run; 0: refused
+		err   error  // nil: corrupt
+	}{
+		{data: "0\n", epoch: 1},
+		{data: "7", epoch: 8},
+		{data: "0007\n", epoch: 8},
+		{data: last + "\n", epoch: epochLimit - 1},
+		{data: "2097151\n", err: backend.ErrTokensExhausted}, // 2^21-1, one above the largest usable
+		{data: "2097152\n", err: backend.ErrTokensExhausted}, // 2^21
+		{data: "4294967296\n", err: backend.ErrTokensExhausted},
+		{data: "18446744073709551614\n", err: backend.ErrTokensExhausted}, // 2^64-2
+		{data: "18446744073709551615\n", err: backend.ErrTokensExhausted}, // 2^64-1, which wrapped to 0
+		{data: "18446744073709551616\n", err: backend.ErrTokensExhausted}, // 2^64
+		{data: "99999999999999999999999\n", err: backend.ErrTokensExhausted},
+		{data: strings.Repeat("9", 1000) + "\n", err: backend.ErrTokensExhausted},
+		{data: ""},
+		{data: "\n"},
+		{data: "abc\n"},
+		{data: "-1\n"},
+		{data: "-0\n"},
+		{data: "-18446744073709551615\n"},
+		{data: "+1\n"},
+		{data: "+" + last + "\n"},
+		{data: " 1\n"},
+		{data: "1 \n"},
+		{data: "\t1\n"},
+		{data: "1\r\n"},
+		{data: "1 2\n"},
+		{data: "1\n\n"},
+		{data: "0x10\n"},
+		{data: "1_000\n"},
+		{data: "1e3\n"},
+		{data: strings.Repeat("x", 100000)},
+	} {
+		t.Run(strconv.Quote(tc.data[:min(len(tc.data), 32)]), func(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, epochFile)
-			writeFile(t, path, data)
-			_, err := Open(dir)
+			writeFile(t, path, tc.data)
+			b, err := Open(dir)
+			if tc.epoch != 0 {
+				require.NoError(t, err)
+				t.Cleanup(func() { b.Close() })
+				tok := mustAcquire(t, b, request("n", "a", time.Minute))
+				assert.Equal(t, tc.epoch<<seqBits|1, tok, "the first token")
+				assert.Less(t, tok, uint64(backend.MaxToken))
+				assert.Equal(t, strconv.FormatUint(tc.epoch, 10)+"\n", readFile(t, path))
+				return
+			}
 			require.Error(t, err)
 			assert.ErrorContains(t, err, path)
-			assert.ErrorContains(t, err, "corrupt")
-			assert.Equal(t, data, readFile(t, path), "the corrupt file was changed")
+			if tc.err != nil {
+				require.ErrorIs(t, err, tc.err)
+				assert.ErrorContains(t, err, "from 0 to "+last)
+			} else {
+				assert.NotErrorIs(t, err, backend.ErrTokensExhausted)
+				assert.ErrorContains(t, err, "corrupt")
+				assert.ErrorContains(t, err, "up to "+last, "the numbers it may hold")
+				assert.Less(t, len(err.Error()), 512, "a large file is not copied into the message")
+			}
+			assert.Equal(t, tc.data, readFile(t, path), "the file was changed")
+			requireOnlyEpochFile(t, dir)
 		})
 	}
-}
-
-func TestOpenRefusesExhaustedEpoch(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, epochFile)
-	data := strconv.FormatUint(epochLimit-1, 10) + "\n"
-	writeFile(t, path, data)
-	_, err := Open(dir)
-	require.ErrorContains(t, err, path)
-	require.ErrorContains(t, err, "exhausted")
-	assert.Equal(t, data, readFile(t, path))
-	requireOnlyEpochFile(t, dir)
 }
 
 func TestEpochRollsOver(t *testing.T) {
@@ -163,12 +211,17 @@ func TestTokensStayBelowMaxToken(t *testing.T) {
 	require.Equal(t, uint64(backend.MaxToken-1), tok, "the largest token")
 
 	_, err := b.Acquire(t.Context(), request("b", "b", time.Minute))
-	require.ErrorContains(t, err, "exhausted")
+	require.ErrorIs(t, err, backend.ErrTokensExhausted)
+	assert.ErrorContains(t, err, path)
 	info, err := b.Inspect(t.Context(), "b")
 	require.NoError(t, err)
 	assert.Empty(t, info.Holders)
 	assert.Zero(t, info.LastToken)
 	assert.Equal(t, strconv.FormatUint(epochLimit-1, 10)+"\n", readFile(t, path))
+
+	// The next run finds the last epoch used up, the same way.
+	_, err = Open(dir)
+	require.ErrorIs(t, err, backend.ErrTokensExhausted)
 }
 
 func TestInvalidTTL(t *testing.T) {
@@ -190,7 +243,7 @@ func TestLeaseIDInOtherModeIsNoSentinel(t *testing.T) {
 	req.Mode = backend.Shared
 	_, err := b.Acquire(t.Context(), req)
 	require.ErrorContains(t, err, "exclusive mode")
-	for _, sentinel := range []error{backend.ErrHeld, backend.ErrNotHeld, backend.ErrForeignKey, backend.ErrUnavailable, backend.ErrClosed} {
+	for _, sentinel := range []error{backend.ErrHeld, backend.ErrNotHeld, backend.ErrForeignKey, backend.ErrTokensExhausted, backend.ErrUnavailable, backend.ErrClosed} {
 		assert.NotErrorIs(t, err, sentinel)
 	}
 }
