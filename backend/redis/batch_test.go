@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -421,4 +422,37 @@ func TestWritesRefusedWhole(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, n, "nothing of the acquire was written")
 	})
+}
+
+// TestBatchScriptExhaustedName: an acquire of a name with no token left,
+// gathered into a batch with others, gets its own answer: no token left,
+// not a failure of the batch, while the others are granted.
+func TestBatchScriptExhaustedName(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	b, err := Open(context.Background(), Options{Client: c, KeyPrefix: "bx"})
+	require.NoError(t, err)
+	defer b.Close()
+	ctx := context.Background()
+	for _, mode := range []string{"x", "s"} {
+		acq := func(name string) *call {
+			k := b.keys(name)
+			return &call{ctx: ctx, script: acquireScript, keys: []string{k.x, k.r, k.t, k.f, k.q, k.qe, k.c},
+				args: []any{"l1", mode, 10000, 0, "host", "meta", 60000, ""}}
+		}
+		last := b.keys("last-" + mode).f
+		require.NoError(t, c.Set(ctx, last, strconv.FormatUint(backend.MaxToken-1, 10), 0).Err())
+		acquires := []*call{acq("before-" + mode), acq("last-" + mode), acq("after-" + mode)}
+		b.batch.execOne(ctx, acquires)
+		for i, want := range []int64{1, -3, 1} {
+			res, err := acquires[i].cmd.Slice()
+			require.NoError(t, err, "%s %d", mode, i)
+			assert.Equal(t, want, res[0], "%s %d: %v", mode, i, res)
+		}
+		res, _ := acquires[1].cmd.Slice()
+		assert.Contains(t, res[1], last, "the answer names the fence key")
+		v, err := c.Get(ctx, last).Result()
+		require.NoError(t, err)
+		assert.Equal(t, strconv.FormatUint(backend.MaxToken-1, 10), v)
+	}
 }

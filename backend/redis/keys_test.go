@@ -33,3 +33,8 @@ func TestKeys(t *testing.T) {
 func TestTicketLife(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(backend.TicketLife.Milliseconds(), 10), ticketLifeMs)
 }
+
+// TestMaxToken: the scripts bound tokens by backend.MaxToken.
+func TestMaxToken(t *testing.T) {
+	assert.Equal(t, strconv.FormatUint(backend.MaxToken, 10), maxToken)
+}

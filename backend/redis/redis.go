@@ -7,7 +7,10 @@
 // Fencing tokens are max(last + 1, server time in µs), so they keep
 // increasing even when Redis loses its data (a restart without
 // persistence, a failover before replication) as long as the servers'
-// clocks do not run backwards. Waiters queue in Redis, first come, first
+// clocks do not run backwards. They stay below backend.MaxToken: a grant
+// that would need one past it (the name's tokens are used up, or the
+// server's clock is past the year 2255) fails with
+// backend.ErrTokensExhausted. Waiters queue in Redis, first come, first
 // served across agents, and a release publishes, on a channel that the
 // agents with waiters subscribe to, the tickets of the waiters that may go.
 // The package knows nothing of sessions or sockets.
@@ -256,6 +259,9 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		return backend.Grant{}, &backend.HeldError{RetryIn: max(time.Duration(ms)*time.Millisecond, time.Millisecond)}
 	case -1:
 		return backend.Grant{}, fmt.Errorf("acquire %q: %w", req.Name, ErrOtherMode)
+	case -3:
+		why, _ := res[1].(string)
+		return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w: %s", req.Name, backend.ErrTokensExhausted, why)
 	default:
 		key, _ := res[1].(string)
 		return backend.Grant{}, fmt.Errorf("acquire %q: %w: %s", req.Name, backend.ErrForeignKey, key)

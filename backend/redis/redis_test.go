@@ -123,7 +123,6 @@ func TestForeignKeyIsNeverOverwritten(t *testing.T) {
 		"fk:lk:{i}:f":  func() error { return rc.Set(ctx, "fk:lk:{i}:f", "inf", 0).Err() },
 		"fk:lk:{j}:f":  func() error { return rc.Set(ctx, "fk:lk:{j}:f", "1e19", 0).Err() },
 		"fk:lk:{k}:f":  func() error { return rc.Set(ctx, "fk:lk:{k}:f", "nan", 0).Err() },
-		"fk:lk:{m}:f":  func() error { return rc.Set(ctx, "fk:lk:{m}:f", "9007199254740993", 0).Err() },
 		"fk:lk:{n}:f":  func() error { return rc.Set(ctx, "fk:lk:{n}:f", " 12", 0).Err() },
 		"fk:lk:{o}:f":  func() error { return rc.Set(ctx, "fk:lk:{o}:f", "-5", 0).Err() },
 		"fk:lk:{g}:q":  func() error { return rc.Set(ctx, "fk:lk:{g}:q", "x", 0).Err() },

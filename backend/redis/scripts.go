@@ -133,13 +133,15 @@ local function fast_acquire(k, a)
   if lastv then
     if type(lastv) ~= 'string' or not string.match(lastv, '^%d+$') then return nil end
     last = tonumber(lastv)
-    if last >= 9007199254740992 then return nil end
   end
   if not fast_us then
     local t = redis.call('TIME')
     fast_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  local tok = string.format('%d', math.max(last + 1, fast_us))
+  -- No token left below MaxToken: the general path says why.
+  local tok = math.max(last + 1, fast_us)
+  if tok >= ` + maxToken + ` then return nil end
+  tok = string.format('%d', tok)
   redis.call('SET', F, tok, 'PX', ARGV[a + 6])
   redis.call('HSET', X, 'o', ARGV[a], 'k', tok, 'h', ARGV[a + 4], 'm', ARGV[a + 5])
   redis.call('PEXPIRE', X, ARGV[a + 2])
@@ -160,7 +162,8 @@ end
 // limit (0: none), host, meta, fence ttl ms, ticket (empty for a try).
 // Returns {1, token} granted, {0, retry ms} held (a ticket is then in the
 // queue), {-1, 0} the lease id holds the name in the other mode, {-2, key}
-// a key lockagent did not write.
+// a key lockagent did not write, {-3, why} no token is left below
+// backend.MaxToken.
 var acquireScript = goredis.NewScript(mayWrite + fast + `
 local r = #KEYS == 7 and #ARGV == 8 and fast_acquire(1, 1)
 if r then return r end
@@ -170,6 +173,11 @@ return acquire(KEYS, ARGV)
 
 // ticketLifeMs is backend.TicketLife in milliseconds, for the scripts.
 const ticketLifeMs = "5000"
+
+// maxToken is backend.MaxToken, for the scripts: every token is below it.
+// A double holds every whole number up to it exactly, so Lua's numbers
+// compare tokens exactly up to there.
+const maxToken = "9007199254740991"
 
 // acquireFn is the acquire script as a function of its keys and
 // arguments, so that a batch (batchScript) can call it once per request.
@@ -190,20 +198,28 @@ if redis.call('EXISTS', X, R, T, Q, QE) > 0 then
   if kq ~= 'none' and kq ~= 'zset' then return {-2, Q} end
   if kqe ~= 'none' and kqe ~= 'zset' then return {-2, QE} end
 end
--- F: a key of another type fails the GET; a token is a whole number
--- below 2^53, which a double holds exactly.
+-- F: a key of another type fails the GET; a token is a whole number.
 local ok, lastv = pcall(redis.call, 'GET', F)
 if not ok then return {-2, F} end
 local last = 0
 if lastv then
   if not string.match(lastv, '^%d+$') then return {-2, F} end
   last = tonumber(lastv)
-  if last >= 9007199254740992 then return {-2, F} end
 end
+-- fence writes and returns the next token: above the last, and no lower
+-- than the server's time in µs, which keeps tokens increasing when F is
+-- lost. A token stays below maxToken: with none left there, because of
+-- the last token or of a clock past the year 2255, it writes nothing and
+-- returns nil and why. Only a grant mints a token, so a name that is
+-- held, or a repeated grant, answers as ever.
 local function fence()
   clock()
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local tok = math.max(last + 1, us)
+  if tok >= ` + maxToken + ` then
+    if last + 1 >= ` + maxToken + ` then return nil, F .. ' leaves no token below 2^53-1' end
+    return nil, 'the server clock, ' .. t[1] .. ' s after 1970, is past 2255-06-05, when tokens (never below its time in microseconds) reach 2^53-1'
+  end
   redis.call('SET', F, string.format('%d', tok), 'PX', ARGV[7])
   return tok
 end
@@ -286,7 +302,8 @@ if mode == 'x' then
     if #top > 0 then return held(tonumber(top[2]) - clock()) end
     redis.call('DEL', R, T)
   end
-  local tok = fence()
+  local tok, why = fence()
+  if not tok then return {-3, why} end
   redis.call('HSET', X, 'o', id, 'k', string.format('%d', tok), 'h', ARGV[5], 'm', ARGV[6])
   redis.call('PEXPIRE', X, ttl)
   return granted(tok)
@@ -300,7 +317,8 @@ if limit > 0 then
     return held((tonumber(redis.call('ZSCORE', QE, first)) or clock()) - clock())
   end
 end
-local tok = fence()
+local tok, why = fence()
+if not tok then return {-3, why} end
 redis.call('ZADD', R, clock() + ttl, id)
 redis.call('HSET', T, id, string.format('%d', tok) .. rec)
 expire_shared(R, T)
