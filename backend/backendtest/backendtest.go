@@ -77,6 +77,54 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 	}
 }
 
+// RunExhausted checks what a backend answers once a name has no fencing
+// token left below backend.MaxToken. open returns a fresh backend, as for
+// Run, and a function that uses up the tokens of a name (on some
+// backends, of every name): the next token it would grant is MaxToken or
+// more. A grant then fails with ErrTokensExhausted and writes nothing;
+// what needs no new token (a held name denied, a repeated grant, a
+// renewal, a release) answers as ever.
+func RunExhausted(t *testing.T, open func(t *testing.T) (b backend.Backend, exhaust func(name string))) {
+	b, exhaust := open(t)
+	ctx := t.Context()
+	held := map[backend.Mode]backend.AcquireRequest{
+		backend.Exclusive: request("exhausted/x", "a", backend.Exclusive),
+		backend.Shared:    request("exhausted/s", "a", backend.Shared),
+	}
+	tokens := map[backend.Mode]uint64{}
+	for mode, req := range held {
+		tokens[mode] = mustAcquire(t, b, req)
+	}
+	for _, req := range held {
+		exhaust(req.Name)
+	}
+	exhaust("exhausted/free")
+
+	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		for _, ticket := range []string{"", "t-" + mode.String()} {
+			req := request("exhausted/free", "b-"+mode.String()+ticket, mode)
+			req.Ticket = ticket
+			_, err := b.Acquire(ctx, req)
+			require.ErrorIs(t, err, backend.ErrTokensExhausted, "%v acquire, ticket %q", mode, ticket)
+			require.NotErrorIs(t, err, backend.ErrHeld)
+			require.NotErrorIs(t, err, backend.ErrForeignKey)
+			require.Empty(t, mustInspect(t, b, req.Name).Holders, "nothing was granted")
+			require.NoError(t, b.Leave(ctx, req.Name, ticket))
+		}
+
+		req := held[mode]
+		require.Equal(t, tokens[mode], mustAcquire(t, b, req), "%v: a repeated grant", mode)
+		mustDeny(t, b, request(req.Name, "c", backend.Exclusive))
+		for _, err := range b.Renew(ctx, []backend.RenewRequest{{Lease: lease(req), TTL: ttl}}) {
+			require.NoError(t, err, "%v renewal", mode)
+		}
+		mustRelease(t, b, lease(req))
+		_, err := b.Acquire(ctx, request(req.Name, "d", mode))
+		require.ErrorIs(t, err, backend.ErrTokensExhausted, "%v acquire once released", mode)
+		require.Empty(t, mustInspect(t, b, req.Name).Holders)
+	}
+}
+
 // request is an acquire of name by lease for ttl.
 func request(name, lease string, mode backend.Mode) backend.AcquireRequest {
 	return backend.AcquireRequest{Name: name, LeaseID: lease, Mode: mode, TTL: ttl}

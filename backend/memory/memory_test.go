@@ -75,6 +75,19 @@ func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return mustOpen(t, t.TempDir()) })
 }
 
+// TestConformanceExhausted: the memory backend's tokens run out for
+// every name at once, when the last epoch's sequence does.
+func TestConformanceExhausted(t *testing.T) {
+	backendtest.RunExhausted(t, func(t *testing.T) (backend.Backend, func(string)) {
+		b := mustOpen(t, t.TempDir())
+		return b, func(string) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.epoch, b.seq = epochLimit-1, seqMax
+		}
+	})
+}
+
 func TestName(t *testing.T) {
 	assert.Equal(t, "memory", mustOpen(t, t.TempDir()).Name())
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/backendtest"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
 
@@ -145,6 +146,20 @@ func TestClusterLastTokenEdges(t *testing.T) {
 	b := open(t, goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true}), "edge")
 	defer b.Close()
 	checkLastTokenEdges(t, b, cl.Client(t), "edge")
+}
+
+// TestConformanceExhausted: a name whose last token is MaxToken-1 has no
+// token left.
+func TestConformanceExhausted(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rc := srv.Client(t)
+	backendtest.RunExhausted(t, func(t *testing.T) (backend.Backend, func(string)) {
+		b := open(t, newClient(srv.Addr()), "cx")
+		t.Cleanup(func() { b.Close() })
+		return b, func(name string) {
+			require.NoError(t, rc.Set(t.Context(), fenceKey("cx", name), strconv.FormatUint(backend.MaxToken-1, 10), 0).Err())
+		}
+	})
 }
 
 // TestClockPastTheLastToken: tokens are never below the server's time in
