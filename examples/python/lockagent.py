@@ -93,6 +93,7 @@ __all__ = [
     "ProtocolError",
     "SessionExpired",
     "ShuttingDown",
+    "TokensExhausted",
     "UnknownOp",
     "default_socket_path",
     "socket_path",
@@ -330,6 +331,10 @@ class ForeignKey(ProtocolError):
     """``foreign_key``: the backend holds data for the lock that the agent did not write."""
 
 
+class TokensExhausted(ProtocolError):
+    """``tokens_exhausted``: the name has no fencing token left below 2^53."""
+
+
 class ShuttingDown(ProtocolError):
     """``shutting_down``: the agent is stopping."""
 
@@ -352,6 +357,7 @@ _ERRORS = {
     "session_expired": SessionExpired,
     "backend_unavailable": BackendUnavailable,
     "foreign_key": ForeignKey,
+    "tokens_exhausted": TokensExhausted,
     "shutting_down": ShuttingDown,
     "internal": InternalError,
 }
