@@ -86,20 +86,20 @@ func (a *Agent) validateAcquire(req *AcquireRequest) error {
 	if err := ValidateName(req.Name); err != nil {
 		return err
 	}
-	if req.Limit < 0 || (req.Limit > 0 && req.Mode != backend.Shared) {
-		return invalidArg("limit must be a positive integer, with mode shared")
+	if req.Limit < 0 || req.Limit > MaxLimit || (req.Limit > 0 && req.Mode != backend.Shared) {
+		return &ArgError{Arg: ArgLimit, Rule: fmt.Sprintf("must be a positive integer up to %d, with mode shared", MaxLimit)}
 	}
 	if req.TTL == 0 {
 		req.TTL = a.cfg.DefaultTTL
 	}
 	if req.TTL < a.cfg.MinTTL || req.TTL > a.cfg.MaxTTL {
-		return invalidArg("ttl_ms must be between %d and %d", a.cfg.MinTTL.Milliseconds(), a.cfg.MaxTTL.Milliseconds())
+		return &ArgError{Arg: ArgTTL, Min: a.cfg.MinTTL, Max: a.cfg.MaxTTL}
 	}
 	if req.Wait < 0 && req.Wait != WaitForever {
-		return invalidArg("wait_ms must be -1, 0 or positive")
+		return &ArgError{Arg: ArgWait, Rule: "must be WaitForever, 0 or positive"}
 	}
 	if len(req.Meta) > MaxMetaBytes || !utf8.ValidString(req.Meta) {
-		return invalidArg("meta must be UTF-8 of at most %d bytes", MaxMetaBytes)
+		return &ArgError{Arg: ArgMeta, Rule: fmt.Sprintf("must be UTF-8 of at most %d bytes", MaxMetaBytes)}
 	}
 	return nil
 }

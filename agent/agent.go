@@ -102,6 +102,7 @@ const (
 	MaxSessionTTL   = time.Hour
 	MinHeartbeat    = 100 * time.Millisecond
 	MaxHeartbeat    = time.Hour
+	MaxLimit        = 1 << 31 // a shared acquire's limit
 	maxClientLength = 256
 )
 

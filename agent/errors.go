@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Errors returned by the agent. socketapi maps each to its wire code; they
@@ -35,3 +36,36 @@ func (e *AlreadyHeldError) Unwrap() error { return ErrAlreadyHeld }
 func invalidArg(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 }
+
+// Arg names an argument of a request to the agent.
+type Arg string
+
+// The arguments whose bounds the agent checks.
+const (
+	ArgTTL        Arg = "TTL"
+	ArgWait       Arg = "wait"
+	ArgLimit      Arg = "limit"
+	ArgMeta       Arg = "meta"
+	ArgSessionTTL Arg = "session TTL"
+	ArgClient     Arg = "client"
+)
+
+// ArgError is an argument outside the bounds the agent accepts: a
+// duration outside Min…Max, or another argument breaking Rule. It wraps
+// ErrInvalidArgument. The agent owns these rules; socketapi says them
+// in the wire protocol's terms.
+type ArgError struct {
+	Arg      Arg
+	Min, Max time.Duration // a duration's bounds, when Rule is empty
+	Rule     string        // what the argument must be, when not a duration
+}
+
+func (e *ArgError) Error() string {
+	if e.Rule != "" {
+		return fmt.Sprintf("%v: %s %s", ErrInvalidArgument, e.Arg, e.Rule)
+	}
+	return fmt.Sprintf("%v: %s must be between %v and %v", ErrInvalidArgument, e.Arg, e.Min, e.Max)
+}
+
+// Unwrap lets errors.Is match ErrInvalidArgument.
+func (e *ArgError) Unwrap() error { return ErrInvalidArgument }

@@ -126,10 +126,10 @@ func (s *Session) ResumeToken() string { return s.token }
 
 func validateSessionOptions(o SessionOptions) error {
 	if t := o.SessionTTL; t != nil && (*t < 0 || *t > MaxSessionTTL) {
-		return invalidArg("session_ttl_ms must be between 0 and %d", MaxSessionTTL.Milliseconds())
+		return &ArgError{Arg: ArgSessionTTL, Min: 0, Max: MaxSessionTTL}
 	}
 	if c := o.Client; c != nil && (len(*c) > maxClientLength || !utf8.ValidString(*c)) {
-		return invalidArg("client must be valid UTF-8 of at most %d bytes", maxClientLength)
+		return &ArgError{Arg: ArgClient, Rule: fmt.Sprintf("must be UTF-8 of at most %d bytes", maxClientLength)}
 	}
 	return nil
 }

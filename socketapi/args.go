@@ -45,13 +45,11 @@ func millis(field string, v *int64) (time.Duration, error) {
 	return time.Duration(*v) * time.Millisecond, nil
 }
 
-func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
+// parseAcquire decodes acquire's arguments; the agent checks them.
+func parseAcquire(req *request) (agent.AcquireRequest, error) {
 	var ar agent.AcquireRequest
 	var err error
-	if req.Name == nil {
-		return ar, fmt.Errorf("%w: name is required", agent.ErrInvalidName)
-	}
-	ar.Name = *req.Name
+	ar.Name = nameArg(req)
 	if ar.Mode, err = parseMode(req.Mode); err != nil {
 		return ar, err
 	}
@@ -59,30 +57,70 @@ func (c *conn) parseAcquire(req *request) (agent.AcquireRequest, error) {
 		return ar, err
 	}
 	if req.Limit != nil {
-		if *req.Limit < 1 || *req.Limit > 1<<31 {
-			return ar, fmt.Errorf("%w: limit must be a positive integer", agent.ErrInvalidArgument)
+		// An explicit limit is at least 1: 0, which the agent takes for
+		// none, and less are passed on as -1, which it refuses.
+		ar.Limit = int(min(max(*req.Limit, -1), agent.MaxLimit+1))
+		if ar.Limit == 0 {
+			ar.Limit = -1
 		}
-		ar.Limit = int(*req.Limit)
 	}
-	if ar.TTL, err = millis("ttl_ms", req.TTLMs); err != nil {
+	if ar.TTL, err = ttlArg(req.TTLMs); err != nil {
 		return ar, err
-	}
-	if req.TTLMs != nil && *req.TTLMs <= 0 {
-		return ar, fmt.Errorf("%w: ttl_ms must be positive", agent.ErrInvalidArgument)
 	}
 	if ar.Wait, err = millis("wait_ms", req.WaitMs); err != nil {
 		return ar, err
 	}
-	if req.WaitMs != nil && *req.WaitMs < 0 {
-		if *req.WaitMs != -1 {
-			return ar, fmt.Errorf("%w: wait_ms must be -1, 0 or positive", agent.ErrInvalidArgument)
-		}
-		ar.Wait = agent.WaitForever
+	if req.WaitMs != nil && *req.WaitMs == -1 {
+		ar.Wait = agent.WaitForever // other negative waits the agent refuses
 	}
 	if req.Meta != nil {
 		ar.Meta = *req.Meta
 	}
 	return ar, nil
+}
+
+// ttlArg decodes ttl_ms. Absent, it is the agent's default (0); an explicit
+// 0 or less is passed on as a negative TTL, which the agent refuses.
+func ttlArg(v *int64) (time.Duration, error) {
+	d, err := millis("ttl_ms", v)
+	if err == nil && v != nil && *v <= 0 {
+		d = -1
+	}
+	return d, err
+}
+
+// wireArgs are the agent's arguments as the wire names them, with the
+// rule of those whose wire encoding is not the agent's.
+var wireArgs = map[agent.Arg]struct{ name, rule string }{
+	agent.ArgTTL:        {"ttl_ms", ""},
+	agent.ArgWait:       {"wait_ms", "must be -1, 0 or positive"},
+	agent.ArgLimit:      {"limit", ""},
+	agent.ArgMeta:       {"meta", ""},
+	agent.ArgSessionTTL: {"session_ttl_ms", ""},
+	agent.ArgClient:     {"client", ""},
+}
+
+// argMessage says what is wrong with an argument, in the wire's terms.
+func argMessage(e *agent.ArgError) string {
+	w, ok := wireArgs[e.Arg]
+	switch {
+	case !ok:
+		return e.Error()
+	case w.rule != "":
+		return w.name + " " + w.rule
+	case e.Rule != "":
+		return w.name + " " + e.Rule
+	}
+	return fmt.Sprintf("%s must be between %d and %d", w.name, e.Min.Milliseconds(), e.Max.Milliseconds())
+}
+
+// nameArg is the request's name; none is the empty name, which the agent
+// refuses.
+func nameArg(req *request) string {
+	if req.Name == nil {
+		return ""
+	}
+	return *req.Name
 }
 
 func leaseArg(req *request) (string, error) {

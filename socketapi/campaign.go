@@ -39,20 +39,12 @@ func toCampaigns(cs []agent.CampaignInfo) []campaignJSON {
 func (c *conn) campaign(_ context.Context, id json.RawMessage, req *request) bool {
 	var cr agent.CampaignRequest
 	var err error
-	if req.Name == nil {
-		c.reply(id, nil, fmt.Errorf("%w: name is required", agent.ErrInvalidName))
-		return true
-	}
-	cr.Name = *req.Name
+	cr.Name = nameArg(req)
 	if cr.Scope, err = parseScope(req.Scope); err != nil {
 		c.reply(id, nil, err)
 		return true
 	}
-	if req.TTLMs != nil && *req.TTLMs <= 0 {
-		c.reply(id, nil, fmt.Errorf("%w: ttl_ms must be positive", agent.ErrInvalidArgument))
-		return true
-	}
-	if cr.TTL, err = millis("ttl_ms", req.TTLMs); err != nil {
+	if cr.TTL, err = ttlArg(req.TTLMs); err != nil {
 		c.reply(id, nil, err)
 		return true
 	}

@@ -37,6 +37,10 @@ func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 		l := toLeaseJSON(ah.Lease)
 		return encodeError(id, code, err.Error(), &l)
 	}
+	var ae *agent.ArgError
+	if errors.As(err, &ae) {
+		return encodeError(id, code, argMessage(ae), nil)
+	}
 	return encodeError(id, code, err.Error(), nil)
 }
 

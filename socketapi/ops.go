@@ -65,7 +65,7 @@ func (c *conn) hello(req *request) (any, error) {
 // acquire runs in its own goroutine, so that it never delays the
 // connection's other requests, and can be cancelled by its id.
 func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bool {
-	ar, err := c.parseAcquire(req)
+	ar, err := parseAcquire(req)
 	if err != nil {
 		mode, _ := parseMode(req.Mode) // exclusive if it is not a mode
 		c.srv.Agent.Refused(mode, err)
@@ -156,11 +156,7 @@ func (c *conn) check(ctx context.Context, id json.RawMessage, req *request) bool
 }
 
 func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bool {
-	if req.Name == nil {
-		c.reply(id, nil, fmt.Errorf("%w: name is required", agent.ErrInvalidName))
-		return true
-	}
-	info, err := c.sess.Inspect(ctx, *req.Name)
+	info, err := c.sess.Inspect(ctx, nameArg(req))
 	if err != nil {
 		c.reply(id, nil, err)
 		return true
@@ -176,11 +172,7 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 }
 
 func (c *conn) breakOp(ctx context.Context, id json.RawMessage, req *request) bool {
-	if req.Name == nil {
-		c.reply(id, nil, fmt.Errorf("%w: name is required", agent.ErrInvalidName))
-		return true
-	}
-	n, err := c.sess.Break(ctx, *req.Name)
+	n, err := c.sess.Break(ctx, nameArg(req))
 	c.reply(id, breakResult{Broken: n}, err)
 	return true
 }

@@ -209,6 +209,24 @@ func TestAcquireInvalid(t *testing.T) {
 	assert.Equal(t, true, r.ok(`{"op":"acquire","name":"订单/42"}`)["acquired"])
 }
 
+// TestArgumentMessages: an argument the agent refuses is named as the wire
+// names it, with its bounds in the wire's units.
+func TestArgumentMessages(t *testing.T) {
+	r := startAgent(t).raw(t)
+	for line, want := range map[string]string{
+		`{"op":"acquire","name":"a","ttl_ms":0}`:                                "ttl_ms must be between 1000 and 86400000",
+		`{"op":"acquire","name":"a","ttl_ms":999}`:                              "ttl_ms must be between 1000 and 86400000",
+		`{"op":"acquire","name":"a","wait_ms":-2}`:                              "wait_ms must be -1, 0 or positive",
+		`{"op":"acquire","name":"a","mode":"shared","limit":0}`:                 "limit must be a positive integer up to 2147483648, with mode shared",
+		`{"op":"acquire","name":"a","limit":3}`:                                 "limit must be a positive integer up to 2147483648, with mode shared",
+		`{"op":"campaign","name":"a","ttl_ms":-5}`:                              "ttl_ms must be between 1000 and 86400000",
+		`{"op":"acquire","name":"a","meta":"` + strings.Repeat("m", 257) + `"}`: "meta must be UTF-8 of at most 256 bytes",
+	} {
+		m := r.fail(line, "invalid_argument")
+		assert.Equal(t, want, m["error"].(map[string]any)["message"], line)
+	}
+}
+
 func TestTypeErrorNamesTheField(t *testing.T) {
 	ta := startAgent(t)
 	m := ta.raw(t).fail(`{"id":9,"op":"acquire","name":"a","ttl_ms":"x"}`, "invalid_argument")
