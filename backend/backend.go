@@ -26,6 +26,14 @@ var (
 	// ErrTakenOver: the lease is gone and another lease holds the name
 	// now. It wraps ErrNotHeld.
 	ErrTakenOver = fmt.Errorf("%w: taken over", ErrNotHeld)
+	// ErrOtherMode: Acquire by a lease id that holds the name in the other
+	// mode. Lease ids are unique per grant, so this is a caller's bug:
+	// neither a conflict worth waiting on (ErrHeld) nor a lease gone
+	// (ErrNotHeld). Nothing changes.
+	ErrOtherMode = errors.New("backend: lease id holds the name in the other mode")
+	// ErrInvalidRequest: a request breaks the contract (see
+	// AcquireRequest.Validate). Nothing changes.
+	ErrInvalidRequest = errors.New("backend: invalid request")
 	// ErrForeignKey: the lock's storage holds data this agent did not write.
 	// It is never overwritten.
 	ErrForeignKey = errors.New("backend: foreign key")
@@ -103,6 +111,29 @@ type AcquireRequest struct {
 	// so that what its caller does next (releasing a grant it may have
 	// made) comes after.
 	Deadline time.Time
+}
+
+// Validate checks what every backend requires of an acquire: a name and
+// a lease id, a mode, a positive TTL and a limit that is not negative (it
+// counts in shared mode only). Every backend calls it first; a request it
+// refuses gets ErrInvalidRequest.
+func (r AcquireRequest) Validate() error {
+	var why string
+	switch {
+	case r.Name == "":
+		why = "no name"
+	case r.LeaseID == "":
+		why = "no lease id"
+	case r.Mode != Exclusive && r.Mode != Shared:
+		why = fmt.Sprintf("mode %d", r.Mode)
+	case r.TTL <= 0:
+		why = fmt.Sprintf("ttl %v is not positive", r.TTL)
+	case r.Limit < 0:
+		why = fmt.Sprintf("limit %d", r.Limit)
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: acquire %q: %s", ErrInvalidRequest, r.Name, why)
 }
 
 // Grant is a successful acquire.

@@ -53,6 +53,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"RetryIn", testRetryIn},
 		{"IdempotentAcquire", testIdempotentAcquire},
 		{"LeaseIDInOtherMode", testLeaseIDInOtherMode},
+		{"InvalidRequest", testInvalidRequest},
 		{"TokensIncrease", testTokensIncrease},
 		{"ReleaseNotHeld", testReleaseNotHeld},
 		{"RenewBatch", testRenewBatch},
@@ -344,6 +345,26 @@ func testIdempotentAcquire(t *testing.T, b backend.Backend) {
 	}
 }
 
+// testInvalidRequest: a request that breaks the contract is refused as
+// such, and changes nothing.
+func testInvalidRequest(t *testing.T, b backend.Backend) {
+	limited := request("bad/n", "a", backend.Shared)
+	limited.Limit = -1
+	for what, req := range map[string]backend.AcquireRequest{
+		"no name":                request("", "a", backend.Exclusive),
+		"no lease id":            request("bad/n", "", backend.Exclusive),
+		"a mode of neither kind": request("bad/n", "a", backend.Mode(7)),
+		"no ttl":                 {Name: "bad/n", LeaseID: "a", Mode: backend.Exclusive},
+		"a negative limit":       limited,
+	} {
+		_, err := b.Acquire(t.Context(), req)
+		require.ErrorIs(t, err, backend.ErrInvalidRequest, what)
+	}
+	info := mustInspect(t, b, "bad/n")
+	require.Empty(t, info.Holders)
+	require.Zero(t, info.LastToken)
+}
+
 func testLeaseIDInOtherMode(t *testing.T, b backend.Backend) {
 	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -355,7 +376,7 @@ func testLeaseIDInOtherMode(t *testing.T, b backend.Backend) {
 				other.Mode = backend.Exclusive
 			}
 			_, err := b.Acquire(t.Context(), other)
-			require.Error(t, err, "acquire by a lease id that holds the name in the other mode")
+			require.ErrorIs(t, err, backend.ErrOtherMode, "acquire by a lease id that holds the name in the other mode")
 			info := mustInspect(t, b, name)
 			require.Len(t, info.Holders, 1)
 			require.Equal(t, mode, info.Holders[0].Mode)

@@ -154,13 +154,10 @@ func Open(stateDir string) (*Backend, error) {
 // Name returns "memory".
 func (b *Backend) Name() string { return "memory" }
 
-// Acquire makes one attempt at req. A lease id that already holds the name in
-// the other mode gets an error that matches none of the backend sentinels:
-// lease ids are unique per grant, so that is a caller's bug, neither a
-// conflict worth waiting on (ErrHeld) nor a lease gone (ErrNotHeld).
+// Acquire makes one attempt at req.
 func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
-	if req.TTL <= 0 {
-		return backend.Grant{}, fmt.Errorf("memory: acquire %q: ttl %v is not positive", req.Name, req.TTL)
+	if err := req.Validate(); err != nil {
+		return backend.Grant{}, fmt.Errorf("memory: %w", err)
 	}
 	if err := b.lock(ctx); err != nil {
 		return backend.Grant{}, fmt.Errorf("memory: acquire %q: %w", req.Name, err)
@@ -172,7 +169,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		b.prune(req.Name, e, now)
 		if h := e.holders[req.LeaseID]; h != nil {
 			if h.mode != req.Mode {
-				return backend.Grant{}, fmt.Errorf("memory: acquire %q: lease %q holds it in %v mode", req.Name, req.LeaseID, h.mode)
+				return backend.Grant{}, fmt.Errorf("memory: acquire %q: %w", req.Name, backend.ErrOtherMode)
 			}
 			h.expires = now.Add(req.TTL)
 			return backend.Grant{Token: h.token}, nil

@@ -249,13 +249,15 @@ func TestInvalidTTL(t *testing.T) {
 	assert.NotErrorIs(t, errs[0], backend.ErrNotHeld, "an invalid renewal says nothing of the lease")
 }
 
-func TestLeaseIDInOtherModeIsNoSentinel(t *testing.T) {
+// TestLeaseIDInOtherModeIsNoOtherSentinel: ErrOtherMode, a caller's bug,
+// is neither a conflict worth waiting on nor a lease gone.
+func TestLeaseIDInOtherModeIsNoOtherSentinel(t *testing.T) {
 	b := mustOpen(t, t.TempDir())
 	mustAcquire(t, b, request("a", "a", time.Minute))
 	req := request("a", "a", time.Minute)
 	req.Mode = backend.Shared
 	_, err := b.Acquire(t.Context(), req)
-	require.ErrorContains(t, err, "exclusive mode")
+	require.ErrorIs(t, err, backend.ErrOtherMode)
 	for _, sentinel := range []error{backend.ErrHeld, backend.ErrNotHeld, backend.ErrForeignKey, backend.ErrTokensExhausted, backend.ErrUnavailable, backend.ErrClosed} {
 		assert.NotErrorIs(t, err, sentinel)
 	}

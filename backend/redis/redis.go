@@ -205,14 +205,10 @@ func modeArg(m backend.Mode) string {
 	return "x"
 }
 
-// ErrOtherMode is returned by Acquire when the lease id already holds the
-// name in the other mode: a caller's mistake, as lease ids are unique.
-var ErrOtherMode = errors.New("redis: lease id holds the name in the other mode")
-
 // Acquire makes one attempt; see backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Grant, error) {
-	if req.TTL <= 0 {
-		return backend.Grant{}, fmt.Errorf("redis: acquire %q: ttl must be positive", req.Name)
+	if err := req.Validate(); err != nil {
+		return backend.Grant{}, fmt.Errorf("redis: %w", err)
 	}
 	if !req.Deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -258,7 +254,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		ms, _ := res[1].(int64)
 		return backend.Grant{}, &backend.HeldError{RetryIn: max(time.Duration(ms)*time.Millisecond, time.Millisecond)}
 	case -1:
-		return backend.Grant{}, fmt.Errorf("acquire %q: %w", req.Name, ErrOtherMode)
+		return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w", req.Name, backend.ErrOtherMode)
 	case -3:
 		why, _ := res[1].(string)
 		return backend.Grant{}, fmt.Errorf("redis: acquire %q: %w: %s", req.Name, backend.ErrTokensExhausted, why)
