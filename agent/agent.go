@@ -115,6 +115,9 @@ type Agent struct {
 
 	// mu guards everything below, and every session's and lease's mutable
 	// fields. It is never held across a backend call or a blocking send.
+	// A function that must be called with it held says so in the last
+	// sentence of its doc comment, "a.mu is held.", as every package of
+	// the project does for its own mutexes.
 	mu       sync.Mutex
 	sessions map[string]*Session
 	leases   map[string]*lease       // by lease id
@@ -360,7 +363,7 @@ func (a *Agent) releaseAll(ls []*lease) {
 }
 
 // releaseLater releases leases in the background, on a goroutine Run waits
-// for. Callers hold a.mu.
+// for. a.mu is held.
 func (a *Agent) releaseLater(ls []*lease) {
 	if len(ls) == 0 {
 		return
@@ -378,7 +381,7 @@ func (a *Agent) releaseLater(ls []*lease) {
 
 // leaveLater takes a waiter's ticket out of the backend's queue in the
 // background, on a goroutine Run waits for. If it fails, the ticket
-// expires on its own. Callers hold a.mu.
+// expires on its own. a.mu is held.
 func (a *Agent) leaveLater(name, ticket string) {
 	a.wg.Add(1)
 	go func() {

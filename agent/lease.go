@@ -286,7 +286,7 @@ func (a *Agent) loseOverdue(now time.Time) {
 
 // lostReason is why a lease reached its local deadline: the backend's
 // doing when a renewal is unanswered or failed; otherwise the agent itself
-// was late (stopped or starved).
+// was late (stopped or starved). a.mu is held.
 func lostReason(l *lease) string {
 	if l.atRisk || l.renewing {
 		return ReasonBackendUnavailable
