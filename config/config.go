@@ -10,13 +10,14 @@ package config
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/lockagent/lockagent/internal/socketpath"
 )
 
 // Config is the agent's configuration. Load and Default return one;
@@ -137,7 +138,7 @@ func Default() Config {
 		Socket: Socket{
 			// System agents share /run/lockagent; a user's agent lives in
 			// that user's runtime directory.
-			Path: DefaultSocketPath(),
+			Path: socketpath.Default(),
 			// The owner and the socket's group may connect; nobody else.
 			Mode: 0o660,
 			// The group the agent runs as.
@@ -184,40 +185,6 @@ func Default() Config {
 		// No metrics endpoint.
 		Metrics: Metrics{Address: ""},
 	}
-}
-
-// DefaultSocketPath returns the socket path used when neither a flag, the
-// LOCKAGENT_SOCKET variable nor the config names one. Clients and the agent
-// compute it the same way.
-func DefaultSocketPath() string {
-	return defaultSocketPath(os.Geteuid(), os.Getenv)
-}
-
-// defaultSocketPath is /run/lockagent/agent.sock for root and systemd
-// services, else the user's runtime directory, else agent.sock in the
-// user's private directory in the temporary directory (PrivateSocketDir).
-func defaultSocketPath(euid int, getenv func(string) string) string {
-	if euid == 0 || getenv("INVOCATION_ID") != "" || getenv("NOTIFY_SOCKET") != "" {
-		return "/run/lockagent/agent.sock"
-	}
-	// The XDG spec says to ignore relative paths in its variables.
-	if dir := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(dir) {
-		return filepath.Join(dir, "lockagent.sock")
-	}
-	return filepath.Join(privateSocketDir(euid), "agent.sock")
-}
-
-// PrivateSocketDir is the directory of the default socket of a user
-// without a runtime directory: lockagent-UID in the temporary directory,
-// UID being the effective uid. The temporary directory is everybody's, so
-// the agent makes it accessible to its user only, and neither the agent
-// nor a client uses it unless it is the user's own and private.
-func PrivateSocketDir() string {
-	return privateSocketDir(os.Geteuid())
-}
-
-func privateSocketDir(euid int) string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("lockagent-%d", euid))
 }
 
 // defaultStateDir is /var/lib/lockagent for root, else the user's XDG state

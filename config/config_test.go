@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/socketpath"
 )
 
 // The example files use groups that exist on any Linux host: "root" and gids.
@@ -387,26 +389,7 @@ func TestApplyEnv(t *testing.T) {
 }
 
 func TestDefaultSocketPath(t *testing.T) {
-	tests := []struct {
-		name string
-		euid int
-		env  map[string]string
-		want string
-	}{
-		{"root", 0, map[string]string{"XDG_RUNTIME_DIR": "/run/user/0"}, "/run/lockagent/agent.sock"},
-		{"systemd service", 1000, map[string]string{"INVOCATION_ID": "1f2e", "XDG_RUNTIME_DIR": "/run/user/1000"}, "/run/lockagent/agent.sock"},
-		{"systemd notify", 1000, map[string]string{"NOTIFY_SOCKET": "/run/systemd/notify"}, "/run/lockagent/agent.sock"},
-		{"user", 1000, map[string]string{"XDG_RUNTIME_DIR": "/run/user/1000"}, "/run/user/1000/lockagent.sock"},
-		{"relative runtime dir", 1000, map[string]string{"XDG_RUNTIME_DIR": "run/user"}, filepath.Join(os.TempDir(), "lockagent-1000", "agent.sock")},
-		{"no runtime dir", 1000, nil, filepath.Join(os.TempDir(), "lockagent-1000", "agent.sock")},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, defaultSocketPath(tc.euid, env(tc.env)))
-		})
-	}
-	assert.Equal(t, defaultSocketPath(os.Geteuid(), os.Getenv), DefaultSocketPath())
-	assert.Equal(t, DefaultSocketPath(), Default().Socket.Path)
+	assert.Equal(t, socketpath.Default(), Default().Socket.Path)
 }
 
 func TestDefaultStateDir(t *testing.T) {

@@ -54,13 +54,13 @@ func (l *logBuffer) count(subs ...string) int {
 func withLogs(logs *logBuffer) func(*options) {
 	return func(o *options) {
 		l := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
-		o.agent.Logger = l.Named("agent")
-		o.server.Logger = l.Named("socket")
+		o.Agent.Logger = l.Named("agent")
+		o.Server.Logger = l.Named("socket")
 	}
 }
 
 // everybody opens the socket to every uid, so that the ACL alone decides.
-func everybody(o *options) { o.socketMode = 0o666 }
+func everybody(o *options) { o.SocketMode = 0o666 }
 
 func TestACLTable(t *testing.T) {
 	team := testGroup(t)
@@ -71,7 +71,7 @@ func TestACLTable(t *testing.T) {
 		{Pattern: "team/*", GIDs: []uint32{team}},
 		{Pattern: "public/*"},
 	}
-	ta := startAgent(t, everybody, func(o *options) { o.agent.Access.Rules = rules })
+	ta := startAgent(t, everybody, func(o *options) { o.Agent.Access.Rules = rules })
 
 	peers := map[string]cred{
 		"uid 4001":                  {uid: 4001, gid: 4001},
@@ -158,7 +158,7 @@ func TestACLTable(t *testing.T) {
 // asking cannot flood the log.
 func TestF6_WrongPeer(t *testing.T) {
 	t.Run("socket permissions", func(t *testing.T) {
-		ta := startAgent(t, func(o *options) { o.socketMode, o.socketGroup = 0o660, "4200" })
+		ta := startAgent(t, func(o *options) { o.SocketMode, o.SocketGroup = 0o660, "4200" })
 		fi, err := os.Lstat(ta.path)
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o660), fi.Mode().Perm())
@@ -172,7 +172,7 @@ func TestF6_WrongPeer(t *testing.T) {
 	t.Run("acl and logs", func(t *testing.T) {
 		logs := new(logBuffer)
 		ta := startAgent(t, everybody, withLogs(logs), func(o *options) {
-			o.agent.Access.Rules = []agent.Rule{{Pattern: "*", UIDs: []uint32{4400}}}
+			o.Agent.Access.Rules = []agent.Rule{{Pattern: "*", UIDs: []uint32{4400}}}
 		})
 		flood := startPeer(t, cred{uid: 4300, gid: 4300}, "relay", ta.path)
 		for i := 0; i < 100; i++ {
@@ -201,7 +201,7 @@ func TestAdminGroupsAndAudit(t *testing.T) {
 	admins := testGroup(t)
 	logs := new(logBuffer)
 	ta := startAgent(t, everybody, withLogs(logs), func(o *options) {
-		o.agent.Access = agent.Access{AdminUIDs: []uint32{}, AdminGIDs: []uint32{admins}}
+		o.Agent.Access = agent.Access{AdminUIDs: []uint32{}, AdminGIDs: []uint32{admins}}
 	})
 	holder := startPeer(t, cred{uid: 4800, gid: 4800}, "relay", ta.path)
 	require.Equal(t, true, holder.call(`{"op":"acquire","name":"jobs/1"}`)["acquired"])
@@ -231,7 +231,7 @@ func TestAdminGroupsAndAudit(t *testing.T) {
 // limit_exceeded on each new connection, while every other uid is served.
 func TestF4_PerUIDConnectionCap(t *testing.T) {
 	logs := new(logBuffer)
-	ta := startAgent(t, everybody, withLogs(logs), func(o *options) { o.server.MaxConnsPerUID = 5 })
+	ta := startAgent(t, everybody, withLogs(logs), func(o *options) { o.Server.MaxConnsPerUID = 5 })
 	greedy := startPeer(t, cred{uid: 4500, gid: 4500}, "conns", ta.path, "30")
 	require.Equal(t, "accepted 5 refused 25", greedy.line())
 	other := startPeer(t, cred{uid: 4501, gid: 4501}, "conns", ta.path, "5")
@@ -252,8 +252,8 @@ func TestF4_PerUIDConnectionCap(t *testing.T) {
 // agent.AdminReserve more connections and sessions, and nobody else does.
 func TestAdminReserve(t *testing.T) {
 	ta := startAgent(t, everybody, func(o *options) {
-		o.server.MaxConns = 5
-		o.agent.MaxSessions = 5
+		o.Server.MaxConns = 5
+		o.Agent.MaxSessions = 5
 	})
 	filler := startPeer(t, cred{uid: 4700, gid: 4700}, "conns", ta.path, "8")
 	require.Equal(t, "accepted 5 refused 3", filler.line())
@@ -269,9 +269,9 @@ func TestAdminReserve(t *testing.T) {
 // not its primary one, gets the reserve of connections too.
 func TestAdminReserveByGroup(t *testing.T) {
 	ta := startAgent(t, everybody, func(o *options) {
-		o.server.MaxConns = 5
-		o.agent.Access.AdminGIDs = []uint32{4999}
-		o.server.GroupsOf = func(uid uint32) ([]uint32, error) {
+		o.Server.MaxConns = 5
+		o.Agent.Access.AdminGIDs = []uint32{4999}
+		o.Server.GroupsOf = func(uid uint32) ([]uint32, error) {
 			if uid == 4901 {
 				return []uint32{4901, 4999}, nil // a member of the admin group
 			}
@@ -287,7 +287,7 @@ func TestAdminReserveByGroup(t *testing.T) {
 // TestF7_PerUIDLeaseCap: the leases of all the sessions of one uid are
 // capped together; beyond the cap limit_exceeded, and other uids lock on.
 func TestF7_PerUIDLeaseCap(t *testing.T) {
-	ta := startAgent(t, everybody, func(o *options) { o.agent.MaxLeasesPerUID = 3 })
+	ta := startAgent(t, everybody, func(o *options) { o.Agent.MaxLeasesPerUID = 3 })
 	a := startPeer(t, cred{uid: 4600, gid: 4600}, "relay", ta.path)
 	b := startPeer(t, cred{uid: 4600, gid: 4600}, "relay", ta.path)
 	var leases []string
@@ -314,7 +314,7 @@ func TestF7_PerUIDLeaseCap(t *testing.T) {
 // by byte are closed when their line times out, while a well-behaved
 // client's requests keep their latency and an idle holder keeps its lock.
 func TestF3_Slowloris(t *testing.T) {
-	ta := startAgent(t, everybody, func(o *options) { o.server.LineTimeout = time.Second })
+	ta := startAgent(t, everybody, func(o *options) { o.Server.LineTimeout = time.Second })
 	idle := ta.raw(t)
 	lease := idle.ok(`{"op":"acquire","name":"kept"}`)["lease"].(string)
 

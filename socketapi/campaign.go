@@ -6,33 +6,10 @@ import (
 	"fmt"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // The ops of leader election: campaign and resign.
-
-type campaignResult struct {
-	Campaign string `json:"campaign"`
-}
-
-type resignResult struct {
-	Resigned bool `json:"resigned"`
-}
-
-// campaignJSON is a campaign in a list answer.
-type campaignJSON struct {
-	Campaign string `json:"campaign"`
-	Name     string `json:"name"`
-	Leader   bool   `json:"leader"`
-	Lease    string `json:"lease,omitempty"`
-}
-
-func toCampaigns(cs []agent.CampaignInfo) []campaignJSON {
-	out := make([]campaignJSON, len(cs))
-	for i, c := range cs {
-		out[i] = campaignJSON{c.ID, c.Name, c.Leader, c.Lease}
-	}
-	return out
-}
 
 // campaign starts a campaign and answers with its id at once; the answer
 // is queued before any elected event of the campaign.
@@ -52,7 +29,7 @@ func (c *conn) campaign(_ context.Context, id json.RawMessage, req *request) boo
 		cr.Meta = *req.Meta
 	}
 	cr.Started = func(campaign string) {
-		c.out.queue(encodeOK(id, campaignResult{Campaign: campaign}))
+		c.out.queue(encodeOK(id, wire.CampaignResult{Campaign: campaign}))
 	}
 	cr.Conn = c // refused once a resume took the session
 	if _, err := c.sess.Campaign(cr); err != nil {
@@ -69,6 +46,6 @@ func (c *conn) resign(ctx context.Context, id json.RawMessage, req *request) boo
 		return true
 	}
 	err := c.sess.Resign(ctx, *req.Campaign)
-	c.reply(id, resignResult{Resigned: true}, err)
+	c.reply(id, wire.ResignResult{Resigned: true}, err)
 	return true
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // recvEvent reads lines until an event, requiring it to be of kind.
@@ -145,10 +145,10 @@ func TestCampaignClient(t *testing.T) {
 	ctx := context.Background()
 	a := ta.client(t, map[string]any{"client": "a"})
 	b := ta.client(t, map[string]any{"client": "b"})
-	ca, err := a.Campaign(ctx, "cl/1", socketapi.CampaignOptions{TTL: 2 * time.Second, Meta: "a"})
+	ca, err := a.Campaign(ctx, "cl/1", client.CampaignOptions{TTL: 2 * time.Second, Meta: "a"})
 	require.NoError(t, err)
 	ta1 := nextTerm(t, ca)
-	cb, err := b.Campaign(ctx, "cl/1", socketapi.CampaignOptions{})
+	cb, err := b.Campaign(ctx, "cl/1", client.CampaignOptions{})
 	require.NoError(t, err)
 	assert.NotEqual(t, ca.ID(), cb.ID())
 	waitQueued(t, a, "cl/1", 1)
@@ -189,7 +189,7 @@ func TestCampaignClient(t *testing.T) {
 	assert.Equal(t, l.Lease, ev.Lease)
 }
 
-func nextTerm(t *testing.T, cp *socketapi.Campaign) *socketapi.Term {
+func nextTerm(t *testing.T, cp *client.Campaign) *client.Term {
 	t.Helper()
 	select {
 	case term, ok := <-cp.Elected():
@@ -202,7 +202,7 @@ func nextTerm(t *testing.T, cp *socketapi.Campaign) *socketapi.Term {
 }
 
 // waitQueued waits until n waiters queue for name.
-func waitQueued(t *testing.T, c *socketapi.Client, name string, n int) {
+func waitQueued(t *testing.T, c *client.Client, name string, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var r struct {

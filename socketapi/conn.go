@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // conn is one client connection: a read loop that decodes and dispatches
@@ -200,7 +201,7 @@ func (c *conn) idleTimeout(err error, idle time.Time) bool {
 func (c *conn) readFailed(err error) {
 	if errors.Is(err, errLineTooLong) {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line too long; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "max", c.srv.MaxLineBytes)
-		c.out.enqueue(encodeError(nil, CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
+		c.out.enqueue(encodeError(nil, wire.CodeLineTooLong, fmt.Sprintf("a line is at most %d bytes", c.srv.MaxLineBytes), nil), true)
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		if !c.lineDeadline.IsZero() && (c.hbDeadline.IsZero() || c.lineDeadline.Before(c.hbDeadline)) {
 			c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "line not completed in time; connection closed", "pid", c.peer.PID, "uid", c.peer.UID, "line_timeout", c.srv.LineTimeout)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // decodeError is a request that cannot be decoded: bad_request for a line
@@ -18,8 +20,8 @@ type decodeError struct {
 func (e *decodeError) Error() string { return e.msg }
 
 var (
-	errNotObject = &decodeError{CodeBadRequest, "a request is one JSON object per line"}
-	errTooDeep   = &decodeError{CodeBadRequest, fmt.Sprintf("a request is one JSON object per line, with values nested at most %d deep", maxDepth)}
+	errNotObject = &decodeError{wire.CodeBadRequest, "a request is one JSON object per line"}
+	errTooDeep   = &decodeError{wire.CodeBadRequest, fmt.Sprintf("a request is one JSON object per line, with values nested at most %d deep", maxDepth)}
 )
 
 // decodeRequest reads a request line into req. It reads only the top level
@@ -66,7 +68,7 @@ func decodeRequest(line []byte, req *request) *decodeError {
 			seen = append(seen, key)
 		}
 		if dup {
-			return &decodeError{CodeBadRequest, fmt.Sprintf("key %q appears twice", key)}
+			return &decodeError{wire.CodeBadRequest, fmt.Sprintf("key %q appears twice", key)}
 		}
 		i = skipSpace(line, keyEnd)
 		i = skipSpace(line, i+1) // the colon
@@ -153,12 +155,12 @@ func (req *request) set(key string, v []byte) *decodeError {
 // keys exactly as written ("session", "token"; compared after unescaping,
 // as top-level keys are), each at most once and a string. Other keys are
 // skipped, as at the top level.
-func decodeResume(v []byte) (*resumeArgs, *decodeError) {
+func decodeResume(v []byte) (*wire.Resume, *decodeError) {
 	bad := typeError("resume", `object {"session": string, "token": string}`)
 	if v[0] != '{' {
 		return nil, bad
 	}
-	var r resumeArgs
+	var r wire.Resume
 	var seen [2]bool
 	i := skipSpace(v, 1)
 	for v[i] != '}' {
@@ -173,7 +175,7 @@ func decodeResume(v []byte) (*resumeArgs, *decodeError) {
 			fallthrough
 		case "session":
 			if seen[k] {
-				return nil, &decodeError{CodeInvalidArgument, fmt.Sprintf("resume has the key %q twice", key)}
+				return nil, &decodeError{wire.CodeInvalidArgument, fmt.Sprintf("resume has the key %q twice", key)}
 			}
 			seen[k] = true
 			if v[i] != '"' {
@@ -190,7 +192,7 @@ func decodeResume(v []byte) (*resumeArgs, *decodeError) {
 }
 
 func typeError(key, want string) *decodeError {
-	return &decodeError{CodeInvalidArgument, fmt.Sprintf("%s must be a JSON %s", key, want)}
+	return &decodeError{wire.CodeInvalidArgument, fmt.Sprintf("%s must be a JSON %s", key, want)}
 }
 
 func setString(key string, v []byte, dst *string) *decodeError {

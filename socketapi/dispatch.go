@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // The dispatch of a request line to its op, and the answers' lines.
@@ -27,14 +28,14 @@ func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 	code, known := errorCode(err)
 	if !known {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Error, c.peer.UID, "internal error", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
-		return encodeError(id, CodeInternal, "internal error", nil)
+		return encodeError(id, wire.CodeInternal, "internal error", nil)
 	}
-	if code == CodePermissionDenied || code == CodeLimitExceeded {
+	if code == wire.CodePermissionDenied || code == wire.CodeLimitExceeded {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "request refused", "pid", c.peer.PID, "uid", c.peer.UID, "code", code, "error", err)
 	}
 	var ah *agent.AlreadyHeldError
 	if errors.As(err, &ah) {
-		l := toLeaseJSON(ah.Lease)
+		l := toLease(ah.Lease)
 		return encodeError(id, code, err.Error(), &l)
 	}
 	var ae *agent.ArgError
@@ -48,24 +49,24 @@ func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 // connection must end.
 func (c *conn) handle(ctx context.Context, line []byte) bool {
 	if !utf8.Valid(line) {
-		c.out.enqueue(encodeError(nil, CodeBadRequest, "a request is UTF-8", nil), true)
+		c.out.enqueue(encodeError(nil, wire.CodeBadRequest, "a request is UTF-8", nil), true)
 		return true
 	}
 	if loneSurrogate(line) {
-		c.out.enqueue(encodeError(nil, CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
+		c.out.enqueue(encodeError(nil, wire.CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
 		return true
 	}
 	var req request
 	if err := decodeRequest(line, &req); err != nil {
 		id := req.ID
-		if err.code == CodeBadRequest || !validID(id) {
+		if err.code == wire.CodeBadRequest || !validID(id) {
 			id = nil
 		}
 		c.out.enqueue(encodeError(id, err.code, err.msg, nil), true)
 		return true
 	}
 	if !validID(req.ID) {
-		c.out.enqueue(encodeError(nil, CodeBadRequest, "id must be a string or an integer", nil), true)
+		c.out.enqueue(encodeError(nil, wire.CodeBadRequest, "id must be a string or an integer", nil), true)
 		return true
 	}
 	id := req.ID
@@ -73,13 +74,13 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		id = nullID
 	}
 	if req.Op == "" {
-		c.out.enqueue(encodeError(id, CodeBadRequest, "op is required", nil), true)
+		c.out.enqueue(encodeError(id, wire.CodeBadRequest, "op is required", nil), true)
 		return true
 	}
 
 	if req.Op == "hello" {
 		if c.sess != nil {
-			c.out.enqueue(encodeError(id, CodeBadRequest, "hello must be the first request", nil), true)
+			c.out.enqueue(encodeError(id, wire.CodeBadRequest, "hello must be the first request", nil), true)
 			return true
 		}
 		c.out.hold()
@@ -91,7 +92,7 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 	}
 	op, known := ops[req.Op]
 	if !known {
-		c.out.enqueue(encodeError(id, CodeUnknownOp, fmt.Sprintf("unknown op %q", req.Op), nil), true)
+		c.out.enqueue(encodeError(id, wire.CodeUnknownOp, fmt.Sprintf("unknown op %q", req.Op), nil), true)
 		return true
 	}
 	if c.sess == nil {
@@ -142,7 +143,7 @@ var opNames = func() map[string]string {
 // known) that the output budget has no room for.
 func (c *conn) tooLarge(id json.RawMessage, size int) []byte {
 	c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "answer refused: no room for it in the output budget", "pid", c.peer.PID, "uid", c.peer.UID, "size", size)
-	return encodeError(id, CodeLimitExceeded, fmt.Sprintf("the answer does not fit the room the agent keeps for output not yet read by uid %d: read what it sent, or ask for less (list with a limit)", c.peer.UID), nil)
+	return encodeError(id, wire.CodeLimitExceeded, fmt.Sprintf("the answer does not fit the room the agent keeps for output not yet read by uid %d: read what it sent, or ask for less (list with a limit)", c.peer.UID), nil)
 }
 
 // replyLarge sends the result of an op that changes nothing and may be

@@ -26,7 +26,7 @@ func FuzzSession(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
-	ta := startAgent(f, func(o *options) { o.agent.MaxLeasesPerSession = 6 })
+	ta := startAgent(f, func(o *options) { o.Agent.MaxLeasesPerSession = 6 })
 	lastToken := map[string]float64{}
 	f.Fuzz(func(t *testing.T, script []byte) {
 		if len(script) > 200 {

@@ -6,17 +6,16 @@ import (
 	"encoding/json"
 	"net"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend/memory"
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
+	"github.com/lockagent/lockagent/internal/agenttest"
 )
 
 func TestMain(m *testing.M) {
@@ -34,62 +33,14 @@ type testAgent struct {
 	stop    func() // stops the agent and waits for every goroutine
 }
 
-type options struct {
-	agent  agent.Config
-	server socketapi.Server
-	// socketMode is the socket's mode (default 0600); a wider one opens
-	// the socket's directory to everybody too.
-	socketMode  os.FileMode
-	socketGroup string
-}
+type options = agenttest.Options
 
 // startAgent runs an agent on the memory backend at a short socket path
-// and stops it when the test ends.
+// and stops it when the test ends (see agenttest.Start).
 func startAgent(t testing.TB, opts ...func(*options)) *testAgent {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "la")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	b, err := memory.Open(filepath.Join(dir, "state"))
-	require.NoError(t, err)
-
-	o := options{socketMode: 0o600}
-	o.agent.Backend = b
-	o.agent.Version = "test"
-	o.agent.Host = "testhost"
-	o.agent.Access.AdminUIDs = []uint32{uint32(os.Getuid())}
-	if testing.Verbose() {
-		o.agent.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
-	}
-	for _, f := range opts {
-		f(&o)
-	}
-	a := agent.New(o.agent)
-	path := filepath.Join(dir, "s")
-	if o.socketMode&0o077 != 0 {
-		require.NoError(t, os.Chmod(dir, 0o755))
-	}
-	ln, err := socketapi.Listen(path, o.socketMode, o.socketGroup)
-	require.NoError(t, err)
-	srv := o.server
-	srv.Agent = a
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
-	go func() { a.Run(ctx); done <- struct{}{} }()
-	go func() { srv.Serve(ctx, ln); done <- struct{}{} }()
-	ta := &testAgent{path: path, backend: b, agent: a}
-	stopped := false
-	ta.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		<-done
-		<-done
-	}
-	t.Cleanup(func() { ta.stop(); b.Close() })
-	return ta
+	a := agenttest.Start(t, opts...)
+	return &testAgent{path: a.Path, backend: a.Backend, agent: a.Agent, stop: a.Stop}
 }
 
 // raw is a client that speaks the protocol line by line, for tests of the
@@ -172,9 +123,9 @@ func (r *raw) requireClosed() {
 }
 
 // client returns a Go client that has said hello.
-func (ta *testAgent) client(t testing.TB, hello map[string]any) *socketapi.Client {
+func (ta *testAgent) client(t testing.TB, hello map[string]any) *client.Client {
 	t.Helper()
-	c, err := socketapi.Dial(context.Background(), ta.path)
+	c, err := client.Dial(context.Background(), ta.path)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	if hello != nil {
@@ -195,7 +146,7 @@ type lease struct {
 	Reason   string `json:"reason"`
 }
 
-func acquire(t testing.TB, c *socketapi.Client, args map[string]any) lease {
+func acquire(t testing.TB, c *client.Client, args map[string]any) lease {
 	t.Helper()
 	var l lease
 	require.NoError(t, c.Call(context.Background(), "acquire", args, &l))
@@ -203,7 +154,7 @@ func acquire(t testing.TB, c *socketapi.Client, args map[string]any) lease {
 }
 
 // nextEvent waits up to 5s for an event.
-func nextEvent(t testing.TB, c *socketapi.Client) socketapi.Event {
+func nextEvent(t testing.TB, c *client.Client) client.Event {
 	t.Helper()
 	select {
 	case ev, ok := <-c.Events():
@@ -212,11 +163,11 @@ func nextEvent(t testing.TB, c *socketapi.Client) socketapi.Event {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no event within 5s")
 	}
-	return socketapi.Event{}
+	return client.Event{}
 }
 
 func code(err error) string {
-	if e, ok := err.(*socketapi.Error); ok {
+	if e, ok := err.(*client.Error); ok {
 		return e.Code
 	}
 	return ""

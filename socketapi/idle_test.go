@@ -27,8 +27,8 @@ import (
 // and its heartbeat; a line begun keeps its timeout.
 func TestIdleConnections(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.IdleHandoff = 20 * time.Millisecond
-		o.server.LineTimeout = 300 * time.Millisecond
+		o.Server.IdleHandoff = 20 * time.Millisecond
+		o.Server.LineTimeout = 300 * time.Millisecond
 	})
 
 	t.Run("requests", func(t *testing.T) {
@@ -202,9 +202,9 @@ func untilEOF(nc net.Conn) error {
 // stops.
 func TestIdleParkCloseStress(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.IdleHandoff = time.Millisecond
-		o.server.LineTimeout = 100 * time.Millisecond
-		o.server.WriteTimeout = 300 * time.Millisecond
+		o.Server.IdleHandoff = time.Millisecond
+		o.Server.LineTimeout = 100 * time.Millisecond
+		o.Server.WriteTimeout = 300 * time.Millisecond
 	})
 	const workers, iters = 40, 60
 	errs := make(chan error, workers*iters)
@@ -352,9 +352,9 @@ func holdAndStopReading(t *testing.T, ta *testAgent, n int) {
 // events queued for it is cut off, and its session ends.
 func TestIdleCutOffWhileParked(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.IdleHandoff = time.Millisecond
-		o.server.MaxQueueBytes = 4096
-		o.server.WriteTimeout = time.Minute
+		o.Server.IdleHandoff = time.Millisecond
+		o.Server.MaxQueueBytes = 4096
+		o.Server.WriteTimeout = time.Minute
 	})
 	holdAndStopReading(t, ta, 900)
 }
@@ -362,8 +362,8 @@ func TestIdleCutOffWhileParked(t *testing.T) {
 // TestIdleWriteTimeoutWhileParked: the same, cut off by the write timeout.
 func TestIdleWriteTimeoutWhileParked(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.IdleHandoff = time.Millisecond
-		o.server.WriteTimeout = 300 * time.Millisecond
+		o.Server.IdleHandoff = time.Millisecond
+		o.Server.WriteTimeout = 300 * time.Millisecond
 	})
 	holdAndStopReading(t, ta, 900)
 }
@@ -371,7 +371,7 @@ func TestIdleWriteTimeoutWhileParked(t *testing.T) {
 // TestIdleDescriptorReuse: 200 connections park and close, their
 // descriptors reused, while one stays parked throughout and is served.
 func TestIdleDescriptorReuse(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.server.IdleHandoff = time.Millisecond })
+	ta := startAgent(t, func(o *options) { o.Server.IdleHandoff = time.Millisecond })
 	keep := ta.raw(t)
 	keep.ok(`{"op":"acquire","name":"keep"}`)
 	for i := range 200 {
@@ -399,7 +399,7 @@ func TestCloseWhileLookingUpGroups(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	ta := startAgent(t, func(o *options) {
-		o.server.GroupsOf = func(uid uint32) ([]uint32, error) {
+		o.Server.GroupsOf = func(uid uint32) ([]uint32, error) {
 			once.Do(func() { close(entered) })
 			<-release
 			return nil, nil

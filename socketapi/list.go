@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // The list op: sessions answered a chunk at a time, in pages.
@@ -66,7 +67,7 @@ func (c *conn) buildList(id json.RawMessage, all bool, limit int, after string) 
 			return line
 		}
 		for _, si := range infos {
-			sj := marshalValue(toSessionJSON(si))
+			sj := marshalValue(toSession(si))
 			if limit > 0 && n > 0 && len(ans.b)+len(sj) > listPageBytes {
 				next = after
 				break
@@ -92,7 +93,7 @@ func (c *conn) buildList(id json.RawMessage, all bool, limit int, after string) 
 	}
 	nextJSON := []byte("null")
 	if next != "" {
-		nextJSON = appendString(nil, next)
+		nextJSON = wire.AppendString(nil, next)
 	}
 	if !ans.add([]byte(`],"next":`), nextJSON, []byte("}\n")) {
 		size := len(ans.b)

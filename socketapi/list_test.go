@@ -120,7 +120,7 @@ func TestListLargeSessions(t *testing.T) {
 // its uid is refused with limit_exceeded; the connection stays, and pages
 // with a limit still list everything.
 func TestListBeyondTheUIDsRoom(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.server.MaxOutputBytesPerUID = 64 << 10 })
+	ta := startAgent(t, func(o *options) { o.Server.MaxOutputBytesPerUID = 64 << 10 })
 	for i := range 4 {
 		r := ta.raw(t)
 		r.ok(`{"op":"hello"}`)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/activation"
 
-	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/socketpath"
 )
 
 // ErrInUse is returned by Listen when another process is serving the path.
@@ -64,15 +64,15 @@ func Listen(path string, mode os.FileMode, group string) (*net.UnixListener, err
 
 // socketDir makes the socket's directory if it is missing, mode 0755
 // whatever the umask, or, for the private directory of a user without a
-// runtime directory (config.PrivateSocketDir), mode 0700; that one must
+// runtime directory (socketpath.PrivateDir), mode 0700; that one must
 // be the user's own and private even if it exists: in the temporary
 // directory, anybody could have made it first.
 func socketDir(dir string) error {
-	if dir == config.PrivateSocketDir() {
+	if dir == socketpath.PrivateDir() {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		return checkPrivate(dir)
+		return socketpath.CheckPrivate(dir)
 	}
 	// The missing directories, from the first: each gets 0755, which
 	// MkdirAll's would not under a strict umask.
@@ -92,24 +92,6 @@ func socketDir(dir string) error {
 		if err := os.Chmod(missing[i], 0o755); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// checkPrivate tells whether dir is a directory (not a link to one) of the
-// effective user's, which nobody else may enter.
-func checkPrivate(dir string) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	euid := os.Geteuid()
-	owner := -1
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		owner = int(st.Uid)
-	}
-	if !fi.IsDir() || owner != euid || fi.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("%s is not a directory private to uid %d (%v, owner %d): remove it, or give the socket another path", dir, euid, fi.Mode(), owner)
 	}
 	return nil
 }

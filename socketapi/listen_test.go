@@ -10,7 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/client"
+	"github.com/lockagent/lockagent/internal/socketpath"
 )
 
 // socketFile makes a socket of the domain and type, bound to addr, as
@@ -138,7 +139,7 @@ func TestListenMakesItsDirectory(t *testing.T) {
 // the user's that nobody else may enter.
 func TestPrivateSocketDir(t *testing.T) {
 	t.Setenv("TMPDIR", shortDir(t))
-	dir := config.PrivateSocketDir()
+	dir := socketpath.PrivateDir()
 	path := filepath.Join(dir, "agent.sock")
 
 	ln, err := Listen(path, 0o660, "")
@@ -146,7 +147,7 @@ func TestPrivateSocketDir(t *testing.T) {
 	fi, err := os.Stat(dir)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "made private")
-	c, err := Dial(t.Context(), path)
+	c, err := client.Dial(t.Context(), path)
 	require.NoError(t, err)
 	c.Close()
 	ln.Close()
@@ -155,7 +156,7 @@ func TestPrivateSocketDir(t *testing.T) {
 		t.Helper()
 		_, err := Listen(path, 0o660, "")
 		require.ErrorContains(t, err, "not a directory private to uid", "listen, %s", what)
-		_, err = Dial(t.Context(), path)
+		_, err = client.Dial(t.Context(), path)
 		require.ErrorContains(t, err, "not a directory private to uid", "dial, %s", what)
 	}
 	require.NoError(t, os.Chmod(dir, 0o777))

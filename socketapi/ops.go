@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // The ops of sessions and locks; list has a file of its own, and so do
@@ -48,15 +49,15 @@ func (c *conn) hello(req *request) (any, error) {
 	c.sess = s
 	c.heartbeat = hb
 	info := c.srv.Agent.Info()
-	return helloResult{
+	return wire.HelloResult{
 		Session:     s.ID(),
 		ResumeToken: s.ResumeToken(),
 		Resumed:     req.Resume != nil,
-		Agent: agentInfo{
+		Agent: wire.AgentInfo{
 			Version:      info.Version,
 			Backend:      info.Backend,
 			MaxLineBytes: c.srv.MaxLineBytes,
-			TTLMs:        ttlBounds{info.DefaultTTL.Milliseconds(), info.MinTTL.Milliseconds(), info.MaxTTL.Milliseconds()},
+			TTLMs:        wire.TTLBounds{Default: info.DefaultTTL.Milliseconds(), Min: info.MinTTL.Milliseconds(), Max: info.MaxTTL.Milliseconds()},
 		},
 	}, nil
 }
@@ -75,7 +76,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 	// The grant is queued with the agent's lock held, so that it goes out
 	// before any event of the new lease.
 	ar.Granted = func(l agent.Lease) {
-		c.out.queue(encodeOK(id, grantedResult{Acquired: true, leaseJSON: toLeaseJSON(l)}))
+		c.out.queue(encodeOK(id, wire.Granted{Acquired: true, Lease: toLease(l)}))
 	}
 	ar.Conn = c // refused once a resume took the session
 	if ar.Wait == 0 {
@@ -132,7 +133,7 @@ func (c *conn) replyAcquire(id json.RawMessage, res agent.AcquireResult, err err
 	case res.Acquired:
 		c.out.enqueue(nil, true)
 	default:
-		c.replyLarge(id, deniedResult{Reason: res.Reason, Holders: toHolders(res.Holders)})
+		c.replyLarge(id, wire.Denied{Reason: res.Reason, Holders: toHolders(res.Holders)})
 	}
 }
 
@@ -141,7 +142,7 @@ func (c *conn) release(ctx context.Context, id json.RawMessage, req *request) bo
 	if err == nil {
 		err = c.sess.Release(ctx, l)
 	}
-	c.reply(id, releaseResult{Released: true}, err)
+	c.reply(id, wire.ReleaseResult{Released: true}, err)
 	return true
 }
 
@@ -151,7 +152,7 @@ func (c *conn) check(ctx context.Context, id json.RawMessage, req *request) bool
 	if err == nil {
 		res, err = c.sess.Check(ctx, l)
 	}
-	c.reply(id, checkResult{Held: res.Held, Token: res.Token, ExpiresInMs: res.ExpiresIn.Milliseconds()}, err)
+	c.reply(id, wire.CheckResult{Held: res.Held, Token: res.Token, ExpiresInMs: res.ExpiresIn.Milliseconds()}, err)
 	return true
 }
 
@@ -161,7 +162,7 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 		c.reply(id, nil, err)
 		return true
 	}
-	res := inspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken, Queued: info.Queued}
+	res := wire.InspectResult{Holders: toHolders(info.Holders), LastToken: info.LastToken, Queued: info.Queued}
 	if len(info.Holders) > 0 {
 		res.Locked = true
 		m := info.Holders[0].Mode.String()
@@ -173,7 +174,7 @@ func (c *conn) inspect(ctx context.Context, id json.RawMessage, req *request) bo
 
 func (c *conn) breakOp(ctx context.Context, id json.RawMessage, req *request) bool {
 	n, err := c.sess.Break(ctx, nameArg(req))
-	c.reply(id, breakResult{Broken: n}, err)
+	c.reply(id, wire.BreakResult{Broken: n}, err)
 	return true
 }
 
@@ -193,12 +194,12 @@ func (c *conn) cancel(_ context.Context, id json.RawMessage, req *request) bool 
 		p.cancel()
 		<-p.done
 	}
-	c.reply(id, cancelResult{Canceled: p != nil && p.canceled}, nil)
+	c.reply(id, wire.CancelResult{Canceled: p != nil && p.canceled}, nil)
 	return true
 }
 
 func (c *conn) ping(_ context.Context, id json.RawMessage, _ *request) bool {
-	c.reply(id, pongResult{Pong: true}, nil)
+	c.reply(id, wire.PongResult{Pong: true}, nil)
 	return true
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/agent"
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 func TestHello(t *testing.T) {
@@ -346,7 +346,7 @@ func TestList(t *testing.T) {
 }
 
 func TestAdminOnly(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.agent.Access.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
+	ta := startAgent(t, func(o *options) { o.Agent.Access.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
 	r := ta.raw(t)
 	r.fail(`{"id":1,"op":"list","all":true}`, "permission_denied")
 	r.fail(`{"id":2,"op":"break","name":"x"}`, "permission_denied")
@@ -380,16 +380,16 @@ func TestBreak(t *testing.T) {
 }
 
 type clientLease struct {
-	c *socketapi.Client
+	c *client.Client
 	l lease
 }
 
 func TestLimits(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.agent.MaxSessions = 2
-		o.agent.MaxLeasesPerSession = 2
-		o.agent.MaxWaiters = 1
-		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+		o.Agent.MaxSessions = 2
+		o.Agent.MaxLeasesPerSession = 2
+		o.Agent.MaxWaiters = 1
+		o.Agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
 	})
 	a := ta.raw(t)
 	a.ok(`{"id":1,"op":"acquire","name":"x1"}`)

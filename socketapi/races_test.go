@@ -75,7 +75,7 @@ func (s *slowAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (
 // whose session another connection resumes is not granted to anybody.
 func TestResumeEndsTheOldConnectionsRequests(t *testing.T) {
 	sb := &slowAcquire{started: make(chan struct{}, 1)}
-	ta := startAgent(t, func(o *options) { sb.Backend = o.agent.Backend; o.agent.Backend = sb })
+	ta := startAgent(t, func(o *options) { sb.Backend = o.Agent.Backend; o.Agent.Backend = sb })
 	a := ta.raw(t)
 	h := a.ok(`{"id":1,"op":"hello","session_ttl_ms":60000}`)
 	sb.delay.Store(int64(300 * time.Millisecond))
@@ -158,7 +158,7 @@ func (s *slowRelease) Release(ctx context.Context, l backend.Lease) error {
 // the release: its end is the application's notice that its locks are gone.
 func TestDroppedConnectionClosesBeforeTheRelease(t *testing.T) {
 	sb := &slowRelease{unblock: make(chan struct{})}
-	ta := startAgent(t, func(o *options) { sb.Backend = o.agent.Backend; o.agent.Backend = sb })
+	ta := startAgent(t, func(o *options) { sb.Backend = o.Agent.Backend; o.Agent.Backend = sb })
 	r := ta.raw(t)
 	r.ok(`{"op":"hello","heartbeat_ms":200}`)
 	r.ok(`{"op":"acquire","name":"hb"}`)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/internal/peerlog"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // Server serves the wire protocol for an agent. Set the fields, then call
@@ -228,7 +229,7 @@ func (s *Server) refuse(nc *net.UnixConn, p agent.Peer, perUID bool) {
 	s.PeerLog.Log(s.Logger, hclog.Warn, p.UID, "connection refused: "+msg, "pid", p.PID, "uid", p.UID, "max", limit)
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(refuseLinger))
-	if _, err := nc.Write(encodeError(nil, CodeLimitExceeded, msg, nil)); err != nil {
+	if _, err := nc.Write(encodeError(nil, wire.CodeLimitExceeded, msg, nil)); err != nil {
 		return
 	}
 	// Closed with the client's first request unread, the socket would

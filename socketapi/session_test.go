@@ -138,8 +138,8 @@ func TestA3_Heartbeat(t *testing.T) {
 // affected; its locks are released.
 func TestA4_SlowReader(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.MaxQueueBytes = 64 << 10
-		o.server.WriteTimeout = 200 * time.Millisecond
+		o.Server.MaxQueueBytes = 64 << 10
+		o.Server.WriteTimeout = 200 * time.Millisecond
 	})
 	slow := ta.raw(t)
 	slow.ok(`{"op":"acquire","name":"slow"}`)
@@ -183,8 +183,8 @@ func TestA4_SlowReader(t *testing.T) {
 func TestSlowReaderCutOffIsLogged(t *testing.T) {
 	logs := new(logBuffer)
 	ta := startAgent(t, withLogs(logs), func(o *options) {
-		o.server.MaxQueueBytes = 64 << 20 // the timeout comes first
-		o.server.WriteTimeout = 200 * time.Millisecond
+		o.Server.MaxQueueBytes = 64 << 20 // the timeout comes first
+		o.Server.WriteTimeout = 200 * time.Millisecond
 	})
 	slow := ta.raw(t)
 	slow.ok(`{"op":"acquire","name":"slow"}`)
@@ -204,7 +204,7 @@ func TestSlowReaderCutOffIsLogged(t *testing.T) {
 }
 
 func TestLineTooLong(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.server.MaxLineBytes = 1024 })
+	ta := startAgent(t, func(o *options) { o.Server.MaxLineBytes = 1024 })
 	r := ta.raw(t)
 	r.ok(`{"op":"acquire","name":"long"}`)
 	pad := strings.Repeat(" ", 1024-len(`{"op":"ping"}`))
@@ -238,8 +238,8 @@ func TestF5_HugeLineWithoutNewline(t *testing.T) {
 // TestF4_ConnectionsBeyondTheCap get an error line, not the backlog.
 func TestF4_ConnectionsBeyondTheCap(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.MaxConns = 2
-		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+		o.Server.MaxConns = 2
+		o.Agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
 	})
 	a, b := ta.raw(t), ta.raw(t)
 	a.ok(`{"op":"ping"}`)
@@ -270,7 +270,7 @@ func pings(path string) bool {
 // TestLargeAnswerIsNotASlowConsumer: the output bound is on what waits
 // unwritten, not on the size of one answer.
 func TestLargeAnswerIsNotASlowConsumer(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.server.MaxQueueBytes = 4096 })
+	ta := startAgent(t, func(o *options) { o.Server.MaxQueueBytes = 4096 })
 	for i := 0; i < 40; i++ {
 		ta.raw(t).ok(fmt.Sprintf(`{"op":"acquire","name":"big/%d","meta":%q}`, i, strings.Repeat("m", 200)))
 	}
@@ -286,8 +286,8 @@ func TestLargeAnswerIsNotASlowConsumer(t *testing.T) {
 // TestHelloOverTheSessionCap closes the connection, like an implicit session would.
 func TestHelloOverTheSessionCap(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.agent.MaxSessions = 1
-		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+		o.Agent.MaxSessions = 1
+		o.Agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
 	})
 	ta.raw(t).ok(`{"op":"hello"}`)
 	r := ta.raw(t)
@@ -316,9 +316,9 @@ func (r *results) BackendError(string)             {}
 func TestRefusedAcquiresAreObserved(t *testing.T) {
 	rec := &results{}
 	ta := startAgent(t, func(o *options) {
-		o.agent.Observer = rec
-		o.agent.MaxSessions = 2
-		o.agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
+		o.Agent.Observer = rec
+		o.Agent.MaxSessions = 2
+		o.Agent.Access.AdminUIDs = []uint32{} // no admin: no reserve beyond the cap
 	})
 	ta.raw(t).ok(`{"op":"acquire","name":"a"}`)
 	r := ta.raw(t)

@@ -6,30 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend"
-)
-
-// Error codes of the wire protocol.
-const (
-	CodeBadRequest         = "bad_request"
-	CodeUnknownOp          = "unknown_op"
-	CodeLineTooLong        = "line_too_long"
-	CodeInvalidName        = "invalid_name"
-	CodeInvalidArgument    = "invalid_argument"
-	CodeNotHeld            = "not_held"
-	CodeAlreadyHeld        = "already_held"
-	CodeCanceled           = "canceled"
-	CodePermissionDenied   = "permission_denied"
-	CodeLimitExceeded      = "limit_exceeded"
-	CodeSessionExpired     = "session_expired"
-	CodeBackendUnavailable = "backend_unavailable"
-	CodeForeignKey         = "foreign_key"
-	CodeTokensExhausted    = "tokens_exhausted"
-	CodeShuttingDown       = "shutting_down"
-	CodeInternal           = "internal"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // errorCode maps an error to its wire code: the one place where it is done.
@@ -37,32 +17,32 @@ const (
 func errorCode(err error) (code string, ok bool) {
 	switch {
 	case errors.Is(err, agent.ErrInvalidName):
-		return CodeInvalidName, true
+		return wire.CodeInvalidName, true
 	case errors.Is(err, agent.ErrInvalidArgument):
-		return CodeInvalidArgument, true
+		return wire.CodeInvalidArgument, true
 	case errors.Is(err, agent.ErrNotHeld):
-		return CodeNotHeld, true
+		return wire.CodeNotHeld, true
 	case errors.Is(err, agent.ErrAlreadyHeld):
-		return CodeAlreadyHeld, true
+		return wire.CodeAlreadyHeld, true
 	case errors.Is(err, agent.ErrPermissionDenied):
-		return CodePermissionDenied, true
+		return wire.CodePermissionDenied, true
 	case errors.Is(err, agent.ErrLimitExceeded):
-		return CodeLimitExceeded, true
+		return wire.CodeLimitExceeded, true
 	case errors.Is(err, agent.ErrSessionExpired):
-		return CodeSessionExpired, true
+		return wire.CodeSessionExpired, true
 	case errors.Is(err, agent.ErrShuttingDown):
-		return CodeShuttingDown, true
+		return wire.CodeShuttingDown, true
 	case errors.Is(err, agent.ErrSessionEnded), errors.Is(err, context.Canceled):
-		return CodeCanceled, true
+		return wire.CodeCanceled, true
 	case errors.Is(err, backend.ErrUnavailable), errors.Is(err, backend.ErrClosed),
 		errors.Is(err, context.DeadlineExceeded):
-		return CodeBackendUnavailable, true
+		return wire.CodeBackendUnavailable, true
 	case errors.Is(err, backend.ErrForeignKey):
-		return CodeForeignKey, true
+		return wire.CodeForeignKey, true
 	case errors.Is(err, backend.ErrTokensExhausted):
-		return CodeTokensExhausted, true
+		return wire.CodeTokensExhausted, true
 	}
-	return CodeInternal, false
+	return wire.CodeInternal, false
 }
 
 // request is every field any op takes, as decodeRequest fills it.
@@ -76,7 +56,7 @@ type request struct {
 	Client       *string
 	SessionTTLMs *int64
 	HeartbeatMs  *int64
-	Resume       *resumeArgs
+	Resume       *wire.Resume
 
 	// acquire, release, check, inspect, break, list, cancel
 	Name   *string
@@ -102,167 +82,38 @@ type request struct {
 	}
 }
 
-type resumeArgs struct {
-	Session string `json:"session"`
-	Token   string `json:"token"`
+// toLease is a lease as the wire shows it.
+func toLease(l agent.Lease) wire.Lease {
+	return wire.Lease{ID: l.ID, Name: l.Name, Mode: l.Mode.String(), Scope: l.Scope.String(), Token: l.Token, TTLMs: l.TTL.Milliseconds()}
 }
 
-// Results, one per op.
-
-type helloResult struct {
-	Session     string    `json:"session"`
-	ResumeToken string    `json:"resume_token"`
-	Resumed     bool      `json:"resumed"`
-	Agent       agentInfo `json:"agent"`
-}
-
-type agentInfo struct {
-	Version      string    `json:"version"`
-	Backend      string    `json:"backend"`
-	MaxLineBytes int       `json:"max_line_bytes"`
-	TTLMs        ttlBounds `json:"ttl_ms"`
-}
-
-type ttlBounds struct {
-	Default int64 `json:"default"`
-	Min     int64 `json:"min"`
-	Max     int64 `json:"max"`
-}
-
-// leaseJSON is a lease on the wire.
-type leaseJSON struct {
-	Lease string `json:"lease"`
-	Name  string `json:"name"`
-	Mode  string `json:"mode"`
-	Scope string `json:"scope"`
-	Token uint64 `json:"token"`
-	TTLMs int64  `json:"ttl_ms"`
-}
-
-func toLeaseJSON(l agent.Lease) leaseJSON {
-	return leaseJSON{l.ID, l.Name, l.Mode.String(), l.Scope.String(), l.Token, l.TTL.Milliseconds()}
-}
-
-type grantedResult struct {
-	Acquired bool `json:"acquired"`
-	leaseJSON
-}
-
-type deniedResult struct {
-	Acquired bool         `json:"acquired"`
-	Reason   string       `json:"reason"`
-	Holders  []holderJSON `json:"holders"`
-}
-
-type holderJSON struct {
-	Mode        string `json:"mode"`
-	Token       uint64 `json:"token"`
-	Meta        string `json:"meta"`
-	Host        string `json:"host"`
-	ExpiresInMs int64  `json:"expires_in_ms"`
-}
-
-func toHolders(hs []backend.Holder) []holderJSON {
-	out := make([]holderJSON, len(hs))
+func toHolders(hs []backend.Holder) []wire.Holder {
+	out := make([]wire.Holder, len(hs))
 	for i, h := range hs {
-		out[i] = holderJSON{h.Mode.String(), h.Token, h.Meta, h.Host, h.ExpiresIn.Milliseconds()}
+		out[i] = wire.Holder{Mode: h.Mode.String(), Token: h.Token, Meta: h.Meta, Host: h.Host, ExpiresInMs: h.ExpiresIn.Milliseconds()}
 	}
 	return out
 }
 
-type releaseResult struct {
-	Released bool `json:"released"`
-}
-
-type checkResult struct {
-	Held        bool   `json:"held"`
-	Token       uint64 `json:"token"`
-	ExpiresInMs int64  `json:"expires_in_ms"`
-}
-
-type inspectResult struct {
-	Locked    bool         `json:"locked"`
-	Mode      *string      `json:"mode"`
-	Holders   []holderJSON `json:"holders"`
-	LastToken uint64       `json:"last_token"`
-	Queued    int          `json:"queued"`
-}
-
-// toSessionJSON is a session in a list answer.
-func toSessionJSON(si agent.SessionInfo) sessionJSON {
-	sj := sessionJSON{Session: si.ID, PID: si.Peer.PID, UID: si.Peer.UID, Client: si.Client, Attached: si.Attached,
-		Leases: make([]listLeaseJSON, 0, len(si.Leases)), Waiting: make([]waitingJSON, 0, len(si.Waiting))}
+// toSession is a session in a list answer.
+func toSession(si agent.SessionInfo) wire.Session {
+	ws := wire.Session{Session: si.ID, PID: si.Peer.PID, UID: si.Peer.UID, Client: si.Client, Attached: si.Attached,
+		Leases: make([]wire.ListLease, 0, len(si.Leases)), Waiting: make([]wire.Waiting, 0, len(si.Waiting)),
+		Campaigns: make([]wire.Campaign, 0, len(si.Campaigns))}
 	for _, l := range si.Leases {
-		sj.Leases = append(sj.Leases, listLeaseJSON{toLeaseJSON(l.Lease), l.Meta, l.HeldFor.Milliseconds(), l.ExpiresIn.Milliseconds()})
+		ws.Leases = append(ws.Leases, wire.ListLease{Lease: toLease(l.Lease), Meta: l.Meta, HeldForMs: l.HeldFor.Milliseconds(), ExpiresInMs: l.ExpiresIn.Milliseconds()})
 	}
 	for _, w := range si.Waiting {
-		sj.Waiting = append(sj.Waiting, waitingJSON{w.Name, w.Mode.String(), w.WaitedFor.Milliseconds()})
+		ws.Waiting = append(ws.Waiting, wire.Waiting{Name: w.Name, Mode: w.Mode.String(), WaitedMs: w.WaitedFor.Milliseconds()})
 	}
-	sj.Campaigns = toCampaigns(si.Campaigns)
-	return sj
-}
-
-type sessionJSON struct {
-	Session   string          `json:"session"`
-	PID       int32           `json:"pid"`
-	UID       uint32          `json:"uid"`
-	Client    string          `json:"client"`
-	Attached  bool            `json:"attached"`
-	Leases    []listLeaseJSON `json:"leases"`
-	Waiting   []waitingJSON   `json:"waiting"`
-	Campaigns []campaignJSON  `json:"campaigns"`
-}
-
-type listLeaseJSON struct {
-	leaseJSON
-	Meta        string `json:"meta"`
-	HeldForMs   int64  `json:"held_for_ms"`
-	ExpiresInMs int64  `json:"expires_in_ms"`
-}
-
-type waitingJSON struct {
-	Name     string `json:"name"`
-	Mode     string `json:"mode"`
-	WaitedMs int64  `json:"waited_ms"`
-}
-
-type breakResult struct {
-	Broken int `json:"broken"`
-}
-
-type cancelResult struct {
-	Canceled bool `json:"canceled"`
-}
-
-type pongResult struct {
-	Pong bool `json:"pong"`
-}
-
-type errorBody struct {
-	Code    string     `json:"code"`
-	Message string     `json:"message"`
-	Lease   *leaseJSON `json:"lease,omitempty"`
-}
-
-type errorResponse struct {
-	ID    json.RawMessage `json:"id"`
-	OK    bool            `json:"ok"`
-	Error errorBody       `json:"error"`
-}
-
-type eventJSON struct {
-	Event    string  `json:"event"`
-	Campaign string  `json:"campaign,omitempty"`
-	Lease    string  `json:"lease,omitempty"`
-	Name     string  `json:"name,omitempty"`
-	Token    *uint64 `json:"token,omitempty"`
-	Reason   string  `json:"reason,omitempty"`
-	State    string  `json:"state,omitempty"`
-	Message  string  `json:"message,omitempty"`
+	for _, c := range si.Campaigns {
+		ws.Campaigns = append(ws.Campaigns, wire.Campaign{Campaign: c.ID, Name: c.Name, Leader: c.Leader, Lease: c.Lease})
+	}
+	return ws
 }
 
 func encodeEvent(ev agent.Event) []byte {
-	e := eventJSON{Event: ev.Kind, Campaign: ev.Campaign, Lease: ev.Lease, Name: ev.Name, Reason: ev.Reason, State: ev.State, Message: ev.Message}
+	e := wire.Event{Event: ev.Kind, Campaign: ev.Campaign, Lease: ev.Lease, Name: ev.Name, Reason: ev.Reason, State: ev.State, Message: ev.Message}
 	if ev.Kind == agent.EventLost || ev.Kind == agent.EventElected {
 		e.Token = &ev.Token
 	}
@@ -271,25 +122,19 @@ func encodeEvent(ev agent.Event) []byte {
 
 var nullID = json.RawMessage("null")
 
-// fieldsAppender is a result that writes its own JSON fields (each with a
-// leading comma): the results of the hottest ops, which skip reflection.
-type fieldsAppender interface {
-	appendFields(b []byte) []byte
-}
-
 // encodeOK builds {"id":ID,"ok":true,...result}.
 func encodeOK(id json.RawMessage, result any) []byte {
 	size := 64 + len(id)
-	if g, ok := result.(grantedResult); ok {
+	if g, ok := result.(wire.Granted); ok {
 		// A grant's line, its strings unescaped: one allocation.
-		size += 128 + len(g.Lease) + len(g.Name)
+		size += 128 + len(g.ID) + len(g.Name)
 	}
 	b := make([]byte, 0, size)
 	b = append(b, `{"id":`...)
 	b = append(b, id...)
 	b = append(b, `,"ok":true`...)
-	if fa, ok := result.(fieldsAppender); ok {
-		return append(fa.appendFields(b), '}', '\n')
+	if fa, ok := result.(wire.FieldsAppender); ok {
+		return append(fa.AppendFields(b), '}', '\n')
 	}
 	body, err := json.Marshal(result)
 	if err != nil || len(body) < 2 || body[0] != '{' {
@@ -304,64 +149,18 @@ func encodeOK(id json.RawMessage, result any) []byte {
 	return append(b, '\n')
 }
 
-func (r grantedResult) appendFields(b []byte) []byte {
-	b = append(b, `,"acquired":true,"lease":`...)
-	b = appendString(b, r.Lease)
-	b = append(b, `,"name":`...)
-	b = appendString(b, r.Name)
-	b = append(b, `,"mode":"`...)
-	b = append(b, r.Mode...)
-	b = append(b, `","scope":"`...)
-	b = append(b, r.Scope...)
-	b = append(b, `","token":`...)
-	b = strconv.AppendUint(b, r.Token, 10)
-	b = append(b, `,"ttl_ms":`...)
-	return strconv.AppendInt(b, r.TTLMs, 10)
+// errorResponse is an answer with ok false.
+type errorResponse struct {
+	ID    json.RawMessage `json:"id"`
+	OK    bool            `json:"ok"`
+	Error wire.Error      `json:"error"`
 }
 
-func (r releaseResult) appendFields(b []byte) []byte {
-	return strconv.AppendBool(append(b, `,"released":`...), r.Released)
-}
-
-func (r pongResult) appendFields(b []byte) []byte {
-	return strconv.AppendBool(append(b, `,"pong":`...), r.Pong)
-}
-
-// appendString appends s as a JSON string, as encoding/json would (HTML
-// characters aside): invalid UTF-8 becomes U+FFFD.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				b = append(b, '\\', c)
-			case c < ' ':
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				b = append(b, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(b, '"')
-}
-
-func encodeError(id json.RawMessage, code, message string, lease *leaseJSON) []byte {
+func encodeError(id json.RawMessage, code, message string, lease *wire.Lease) []byte {
 	if id == nil {
 		id = nullID
 	}
-	return marshalLine(errorResponse{ID: id, Error: errorBody{Code: code, Message: message, Lease: lease}})
+	return marshalLine(errorResponse{ID: id, Error: wire.Error{Code: code, Message: message, Lease: lease}})
 }
 
 // marshalValue encodes v as marshalLine does, without the line's end.

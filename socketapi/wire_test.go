@@ -15,31 +15,32 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 func TestErrorCode(t *testing.T) {
 	for err, want := range map[error]string{
-		agent.ErrInvalidName:                       CodeInvalidName,
-		agent.ErrInvalidArgument:                   CodeInvalidArgument,
-		agent.ErrNotHeld:                           CodeNotHeld,
-		&agent.AlreadyHeldError{}:                  CodeAlreadyHeld,
-		agent.ErrPermissionDenied:                  CodePermissionDenied,
-		agent.ErrLimitExceeded:                     CodeLimitExceeded,
-		agent.ErrSessionExpired:                    CodeSessionExpired,
-		agent.ErrShuttingDown:                      CodeShuttingDown,
-		agent.ErrSessionEnded:                      CodeCanceled,
-		context.Canceled:                           CodeCanceled,
-		backend.ErrUnavailable:                     CodeBackendUnavailable,
-		backend.ErrClosed:                          CodeBackendUnavailable,
-		context.DeadlineExceeded:                   CodeBackendUnavailable,
-		backend.ErrForeignKey:                      CodeForeignKey,
-		backend.ErrTokensExhausted:                 CodeTokensExhausted,
-		errors.New("something else"):               CodeInternal,
-		fmt.Errorf("x: %w", backend.ErrForeignKey): CodeForeignKey,
+		agent.ErrInvalidName:                       wire.CodeInvalidName,
+		agent.ErrInvalidArgument:                   wire.CodeInvalidArgument,
+		agent.ErrNotHeld:                           wire.CodeNotHeld,
+		&agent.AlreadyHeldError{}:                  wire.CodeAlreadyHeld,
+		agent.ErrPermissionDenied:                  wire.CodePermissionDenied,
+		agent.ErrLimitExceeded:                     wire.CodeLimitExceeded,
+		agent.ErrSessionExpired:                    wire.CodeSessionExpired,
+		agent.ErrShuttingDown:                      wire.CodeShuttingDown,
+		agent.ErrSessionEnded:                      wire.CodeCanceled,
+		context.Canceled:                           wire.CodeCanceled,
+		backend.ErrUnavailable:                     wire.CodeBackendUnavailable,
+		backend.ErrClosed:                          wire.CodeBackendUnavailable,
+		context.DeadlineExceeded:                   wire.CodeBackendUnavailable,
+		backend.ErrForeignKey:                      wire.CodeForeignKey,
+		backend.ErrTokensExhausted:                 wire.CodeTokensExhausted,
+		errors.New("something else"):               wire.CodeInternal,
+		fmt.Errorf("x: %w", backend.ErrForeignKey): wire.CodeForeignKey,
 	} {
 		got, known := errorCode(err)
 		assert.Equal(t, want, got, "%v", err)
-		assert.Equal(t, want != CodeInternal, known)
+		assert.Equal(t, want != wire.CodeInternal, known)
 	}
 }
 
@@ -158,7 +159,7 @@ func TestDecodeRequest(t *testing.T) {
 	assert.Equal(t, `key "k4999" appears twice`, err.msg)
 
 	// resume's keys are matched exactly; others are skipped.
-	for line, want := range map[string]resumeArgs{
+	for line, want := range map[string]wire.Resume{
 		`{"resume":{"session":"s","token":"t","x":[1]}}`:   {Session: "s", Token: "t"},
 		`{"resume":{"SESSION":"s","ToKeN":"t"}}`:           {},
 		`{"resume":{ "token" : "t\u0041" , "session":""}}`: {Token: "tA"},
@@ -187,27 +188,16 @@ func TestDecodeRequest(t *testing.T) {
 	assert.Equal(t, "c", *req.Client)
 	assert.EqualValues(t, 2, *req.SessionTTLMs)
 	assert.EqualValues(t, 3, *req.HeartbeatMs)
-	assert.Equal(t, resumeArgs{"s", "t"}, *req.Resume)
-}
-
-// TestAppendString: the hand-written encoder reads back as encoding/json's.
-func TestAppendString(t *testing.T) {
-	for _, s := range []string{"", "orders/42", `q"uote\back`, "tab\tnl\n\x00\x1f", "é€𝄞", "bad\xff\xfeutf8", "\u2028<&>"} {
-		var got, want string
-		require.NoError(t, json.Unmarshal(appendString(nil, s), &got), "%q", s)
-		b, _ := json.Marshal(s)
-		require.NoError(t, json.Unmarshal(b, &want))
-		assert.Equal(t, want, got)
-	}
+	assert.Equal(t, wire.Resume{Session: "s", Token: "t"}, *req.Resume)
 }
 
 // TestEncodeOKFastPath: results that write their own fields give the same
 // JSON as reflection would.
 func TestEncodeOKFastPath(t *testing.T) {
 	for _, res := range []any{
-		grantedResult{Acquired: true, leaseJSON: leaseJSON{"l_1", "a\"b", "shared", "session", 1 << 52, 15000}},
-		releaseResult{Released: true},
-		pongResult{Pong: true},
+		wire.Granted{Acquired: true, Lease: wire.Lease{ID: "l_1", Name: "a\"b", Mode: "shared", Scope: "session", Token: 1 << 52, TTLMs: 15000}},
+		wire.ReleaseResult{Released: true},
+		wire.PongResult{Pong: true},
 	} {
 		var fast, slow map[string]any
 		require.NoError(t, json.Unmarshal(encodeOK(json.RawMessage(`"x"`), res), &fast))

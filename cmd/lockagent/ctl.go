@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // helloTimeout bounds the wait for the agent's answer to hello, which it
@@ -23,30 +23,30 @@ import (
 const helloTimeout = 5 * time.Second
 
 // dial connects to the agent at socket (the -socket flag), found as
-// socketapi.SocketPath finds it, and says hello as client. Its errors say
+// client.SocketPath finds it, and says hello as client. Its errors say
 // what to do about them.
-func dial(ctx context.Context, socket, client string) (*socketapi.Client, error) {
-	c, _, err := dialInfo(ctx, socket, client)
+func dial(ctx context.Context, socket, name string) (*client.Client, error) {
+	c, _, err := dialInfo(ctx, socket, name)
 	return c, err
 }
 
 // dialInfo is dial, and tells what the agent said of itself.
-func dialInfo(ctx context.Context, socket, client string) (*socketapi.Client, socketapi.AgentInfo, error) {
-	path := socketapi.SocketPath(socket)
-	c, err := socketapi.Dial(ctx, path)
+func dialInfo(ctx context.Context, socket, name string) (*client.Client, client.AgentInfo, error) {
+	path := client.SocketPath(socket)
+	c, err := client.Dial(ctx, path)
 	if err != nil {
-		return nil, socketapi.AgentInfo{}, reachError(path, err)
+		return nil, client.AgentInfo{}, reachError(path, err)
 	}
 	hctx, cancel := context.WithTimeout(ctx, helloTimeout)
 	defer cancel()
-	s, err := c.Hello(hctx, socketapi.HelloOptions{Client: client})
+	s, err := c.Hello(hctx, client.HelloOptions{Client: name})
 	if err != nil {
 		c.Close()
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, socketapi.AgentInfo{}, fmt.Errorf("the agent at %s accepted the connection but did not answer in %s: "+
+			return nil, client.AgentInfo{}, fmt.Errorf("the agent at %s accepted the connection but did not answer in %s: "+
 				"see its log (journalctl -u lockagent, systemctl status lockagent)", path, helloTimeout)
 		}
-		return nil, socketapi.AgentInfo{}, fmt.Errorf("hello to the agent at %s: %w", path, err)
+		return nil, client.AgentInfo{}, fmt.Errorf("hello to the agent at %s: %w", path, err)
 	}
 	return c, s.Agent, nil
 }
@@ -106,24 +106,20 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer c.Close()
-		sessions, err := listSessions(ctx, c, *all)
-		if err != nil {
-			return fmt.Errorf("list: %w", err)
-		}
 		if *asJSON {
+			sessions, err := listRaw(ctx, c, *all)
+			if err != nil {
+				return fmt.Errorf("list: %w", err)
+			}
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
 			return enc.Encode(map[string]any{"sessions": sessions})
 		}
-		raw, err := json.Marshal(map[string]any{"sessions": sessions})
+		sessions, err := c.List(ctx, client.ListOptions{All: *all})
 		if err != nil {
 			return fmt.Errorf("list: %w", err)
 		}
-		var res listResult
-		if err := json.Unmarshal(raw, &res); err != nil {
-			return fmt.Errorf("list: %w", err)
-		}
-		printList(stdout, res)
+		printList(stdout, sessions)
 		return nil
 	case "status":
 		if len(names) != 0 {
@@ -141,20 +137,18 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		defer c.Close()
 		if sub == "break" {
-			var res struct {
-				Broken int `json:"broken"`
-			}
-			if err := c.Call(ctx, "break", map[string]any{"name": name}, &res); err != nil {
+			n, err := c.Break(ctx, name)
+			if err != nil {
 				return refusedName(err)
 			}
-			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", name, res.Broken)
+			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", name, n)
 			return nil
 		}
-		var res json.RawMessage
-		if err := c.Call(ctx, "inspect", map[string]any{"name": name}, &res); err != nil {
+		in, err := c.Inspect(ctx, name)
+		if err != nil {
 			return refusedName(err)
 		}
-		return printInspect(stdout, name, res)
+		return printInspect(stdout, name, in)
 	default:
 		return usageError{fmt.Sprintf("unknown ctl subcommand %q", sub)}
 	}
@@ -169,14 +163,12 @@ func refusedName(err error) error {
 	return err
 }
 
-// listPage is how many sessions ctl list asks for at a time.
-const listPage = 100
-
-// listSessions pages through the agent's sessions (all of them, if all),
-// in order.
-func listSessions(ctx context.Context, c *socketapi.Client, all bool) ([]json.RawMessage, error) {
+// listRaw pages through the agent's sessions (all of them, if all), in
+// order, as the agent sends them: every field, and fields of later agents
+// too.
+func listRaw(ctx context.Context, c *client.Client, all bool) ([]json.RawMessage, error) {
 	sessions := []json.RawMessage{}
-	args := map[string]any{"all": all, "limit": listPage}
+	args := map[string]any{"all": all, "limit": 100}
 	for {
 		var page struct {
 			Sessions []json.RawMessage `json:"sessions"`
@@ -193,62 +185,37 @@ func listSessions(ctx context.Context, c *socketapi.Client, all bool) ([]json.Ra
 	}
 }
 
-type listResult struct {
-	Sessions []struct {
-		Session  string `json:"session"`
-		PID      int32  `json:"pid"`
-		UID      uint32 `json:"uid"`
-		Client   string `json:"client"`
-		Attached bool   `json:"attached"`
-		Leases   []struct {
-			Lease       string `json:"lease"`
-			Name        string `json:"name"`
-			Mode        string `json:"mode"`
-			Scope       string `json:"scope"`
-			Token       uint64 `json:"token"`
-			TTLMs       int64  `json:"ttl_ms"`
-			Meta        string `json:"meta"`
-			HeldForMs   int64  `json:"held_for_ms"`
-			ExpiresInMs int64  `json:"expires_in_ms"`
-		} `json:"leases"`
-		Waiting []struct {
-			Name     string `json:"name"`
-			Mode     string `json:"mode"`
-			WaitedMs int64  `json:"waited_ms"`
-		} `json:"waiting"`
-	} `json:"sessions"`
-}
-
-func ms(v int64) string {
-	return (time.Duration(v) * time.Millisecond).Round(time.Millisecond * 100).String()
+// round is a duration as a table shows it, to the tenth of a second.
+func round(d time.Duration) string {
+	return d.Round(time.Millisecond * 100).String()
 }
 
 // printList prints one row per lease, and a row for a session without any.
-func printList(w io.Writer, res listResult) {
+func printList(w io.Writer, sessions []client.SessionInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SESSION\tPID\tUID\tCLIENT\tLOCK\tMODE\tSCOPE\tTOKEN\tHELD FOR\tEXPIRES IN\tWAITING")
-	for _, s := range res.Sessions {
+	for _, s := range sessions {
 		var waiting []string
 		for _, wt := range s.Waiting {
-			waiting = append(waiting, fmt.Sprintf("%s (%s, %s)", wt.Name, wt.Mode, ms(wt.WaitedMs)))
+			waiting = append(waiting, fmt.Sprintf("%s (%s, %s)", wt.Name, wt.Mode, round(wt.Waited)))
 		}
 		wait := strings.Join(waiting, ", ")
 		if wait == "" {
 			wait = "-"
 		}
-		client := shown(s.Client)
-		if client == "" {
-			client = "-"
+		who := shown(s.Client)
+		if who == "" {
+			who = "-"
 		}
 		if !s.Attached {
-			client += " (detached)"
+			who += " (detached)"
 		}
 		if len(s.Leases) == 0 {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t-\t-\t-\t-\t-\t-\t%s\n", s.Session, s.PID, s.UID, client, wait)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t-\t-\t-\t-\t-\t-\t%s\n", s.ID, s.PID, s.UID, who, wait)
 		}
 		for _, l := range s.Leases {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Session, s.PID, s.UID, client,
-				l.Name, l.Mode, l.Scope, l.Token, ms(l.HeldForMs), ms(l.ExpiresInMs), wait)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.ID, s.PID, s.UID, who,
+				l.Name, l.Mode, l.Scope, l.Token, round(l.HeldFor), round(l.ExpiresIn), wait)
 		}
 	}
 	tw.Flush()
@@ -267,46 +234,18 @@ func shown(s string) string {
 	return s
 }
 
-func printInspect(w io.Writer, name string, raw json.RawMessage) error {
-	var res struct {
-		Locked  bool    `json:"locked"`
-		Mode    *string `json:"mode"`
-		Holders []struct {
-			Mode        string `json:"mode"`
-			Token       uint64 `json:"token"`
-			Meta        string `json:"meta"`
-			Host        string `json:"host"`
-			ExpiresInMs int64  `json:"expires_in_ms"`
-		} `json:"holders"`
-		LastToken uint64 `json:"last_token"`
-	}
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return fmt.Errorf("inspect: %w", err)
-	}
-	if !res.Locked {
-		fmt.Fprintf(w, "%s: free (last token %d)\n", name, res.LastToken)
+func printInspect(w io.Writer, name string, in *client.Inspection) error {
+	if !in.Locked {
+		fmt.Fprintf(w, "%s: free (last token %d)\n", name, in.LastToken)
 		return nil
 	}
-	fmt.Fprintf(w, "%s: held %s (last token %d)\n", name, *res.Mode, res.LastToken)
+	fmt.Fprintf(w, "%s: held %s (last token %d)\n", name, in.Mode, in.LastToken)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tTOKEN\tHOST\tEXPIRES IN\tMETA")
-	for _, h := range res.Holders {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, shown(h.Host), ms(h.ExpiresInMs), shown(h.Meta))
+	for _, h := range in.Holders {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h.Mode, h.Token, shown(h.Host), round(h.ExpiresIn), shown(h.Meta))
 	}
 	return tw.Flush()
-}
-
-// statusResult is the answer of the status op.
-type statusResult struct {
-	Version      string `json:"version"`
-	UptimeMs     int64  `json:"uptime_ms"`
-	Backend      string `json:"backend"`
-	BackendState string `json:"backend_state"`
-	BackendError string `json:"backend_error"`
-	ErrorAgoMs   int64  `json:"backend_error_ago_ms"`
-	Sessions     int    `json:"sessions"`
-	Leases       int    `json:"leases"`
-	Waiters      int    `json:"waiters"`
 }
 
 // printResult prints an answer's result as JSON, as the agent sent it:
@@ -330,29 +269,29 @@ func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) e
 		return err
 	}
 	defer c.Close()
-	var raw json.RawMessage
-	if err := c.Call(ctx, "status", nil, &raw); err != nil {
-		return fmt.Errorf("status: %w", err)
-	}
 	if asJSON {
+		var raw json.RawMessage
+		if err := c.Call(ctx, "status", nil, &raw); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
 		if err := printResult(stdout, raw); err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
 		return nil
 	}
-	var res statusResult
-	if err := json.Unmarshal(raw, &res); err != nil {
+	st, err := c.Status(ctx)
+	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 1, ' ', 0)
-	fmt.Fprintf(tw, "version:\t%s\n", res.Version)
-	fmt.Fprintf(tw, "uptime:\t%s\n", (time.Duration(res.UptimeMs) * time.Millisecond).Round(time.Second))
-	fmt.Fprintf(tw, "backend:\t%s (%s)\n", res.Backend, res.BackendState)
-	if res.BackendError != "" {
-		fmt.Fprintf(tw, "backend error:\t%s ago: %s\n", (time.Duration(res.ErrorAgoMs) * time.Millisecond).Round(time.Second), res.BackendError)
+	fmt.Fprintf(tw, "version:\t%s\n", st.Version)
+	fmt.Fprintf(tw, "uptime:\t%s\n", st.Uptime.Round(time.Second))
+	fmt.Fprintf(tw, "backend:\t%s (%s)\n", st.Backend, st.BackendState)
+	if st.BackendError != "" {
+		fmt.Fprintf(tw, "backend error:\t%s ago: %s\n", st.BackendErrorAgo.Round(time.Second), st.BackendError)
 	}
-	fmt.Fprintf(tw, "sessions:\t%d\n", res.Sessions)
-	fmt.Fprintf(tw, "leases:\t%d\n", res.Leases)
-	fmt.Fprintf(tw, "waiters:\t%d\n", res.Waiters)
+	fmt.Fprintf(tw, "sessions:\t%d\n", st.Sessions)
+	fmt.Fprintf(tw, "leases:\t%d\n", st.Leases)
+	fmt.Fprintf(tw, "waiters:\t%d\n", st.Waiters)
 	return tw.Flush()
 }

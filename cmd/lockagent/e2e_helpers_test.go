@@ -22,8 +22,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/agentbin"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 const (
@@ -93,7 +93,7 @@ func helperMain(mode string, args []string) int {
 func holdLocks(names []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	c, err := socketapi.Dial(ctx, os.Getenv("LOCKAGENT_SOCKET"))
+	c, err := client.Dial(ctx, os.Getenv("LOCKAGENT_SOCKET"))
 	if err != nil {
 		return err
 	}
@@ -358,7 +358,7 @@ func (e *agentEnv) start(t *testing.T, extraEnv ...string) *proc {
 func pingOnce(socket string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return socketapi.PingAgent(ctx, socket)
+	return client.PingAgent(ctx, socket)
 }
 
 // stopAgent sends SIGTERM and requires a clean exit in bounded time.
@@ -387,19 +387,19 @@ type lease struct {
 }
 
 // dialAgent connects to the agent at socket and says hello as client.
-func dialAgent(t *testing.T, socket, client string) *socketapi.Client {
+func dialAgent(t *testing.T, socket, name string) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	c, err := socketapi.Dial(ctx, socket)
+	c, err := client.Dial(ctx, socket)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	require.NoError(t, c.Call(ctx, "hello", map[string]any{"version": 1, "client": client}, nil))
+	require.NoError(t, c.Call(ctx, "hello", map[string]any{"version": 1, "client": name}, nil))
 	return c
 }
 
 // call makes a request that must succeed.
-func call(t *testing.T, c *socketapi.Client, op string, args, result any) {
+func call(t *testing.T, c *client.Client, op string, args, result any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
@@ -407,7 +407,7 @@ func call(t *testing.T, c *socketapi.Client, op string, args, result any) {
 }
 
 // tryAcquire makes one attempt at name (wait_ms 0) with the extra arguments.
-func tryAcquire(t *testing.T, c *socketapi.Client, name string, extra map[string]any) lease {
+func tryAcquire(t *testing.T, c *client.Client, name string, extra map[string]any) lease {
 	t.Helper()
 	args := map[string]any{"name": name, "wait_ms": 0}
 	for k, v := range extra {
@@ -419,7 +419,7 @@ func tryAcquire(t *testing.T, c *socketapi.Client, name string, extra map[string
 }
 
 // mustAcquire acquires name at once.
-func mustAcquire(t *testing.T, c *socketapi.Client, name string, extra map[string]any) lease {
+func mustAcquire(t *testing.T, c *client.Client, name string, extra map[string]any) lease {
 	t.Helper()
 	l := tryAcquire(t, c, name, extra)
 	require.True(t, l.Acquired, "acquire %s: %s", name, l.Reason)
@@ -428,7 +428,7 @@ func mustAcquire(t *testing.T, c *socketapi.Client, name string, extra map[strin
 }
 
 // acquireSoon polls until name is acquired, within timeout.
-func acquireSoon(t *testing.T, c *socketapi.Client, name string, timeout time.Duration) lease {
+func acquireSoon(t *testing.T, c *client.Client, name string, timeout time.Duration) lease {
 	t.Helper()
 	var l lease
 	eventually(t, timeout, "acquire "+name, func() bool {
@@ -450,7 +450,7 @@ type inspectResult struct {
 	LastToken uint64 `json:"last_token"`
 }
 
-func inspect(t *testing.T, c *socketapi.Client, name string) inspectResult {
+func inspect(t *testing.T, c *client.Client, name string) inspectResult {
 	t.Helper()
 	var r inspectResult
 	call(t, c, "inspect", map[string]any{"name": name}, &r)
@@ -458,7 +458,7 @@ func inspect(t *testing.T, c *socketapi.Client, name string) inspectResult {
 }
 
 // waitEvent waits for an event of kind on c, skipping others.
-func waitEvent(t *testing.T, c *socketapi.Client, kind string, timeout time.Duration) socketapi.Event {
+func waitEvent(t *testing.T, c *client.Client, kind string, timeout time.Duration) client.Event {
 	t.Helper()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -478,7 +478,7 @@ func waitEvent(t *testing.T, c *socketapi.Client, kind string, timeout time.Dura
 }
 
 // waitDone waits for c's connection to end.
-func waitDone(t *testing.T, c *socketapi.Client, timeout time.Duration) {
+func waitDone(t *testing.T, c *client.Client, timeout time.Duration) {
 	t.Helper()
 	select {
 	case <-c.Done():

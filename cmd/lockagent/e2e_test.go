@@ -21,7 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // releaseBound is how soon a dropped application's locks must be free
@@ -562,7 +562,7 @@ func TestCtlBreak(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	err := holder.Call(ctx, "release", map[string]any{"lease": l.Lease}, nil)
-	var se *socketapi.Error
+	var se *client.Error
 	require.ErrorAs(t, err, &se, "release of a broken lease")
 	require.Equal(t, "not_held", se.Code)
 
@@ -644,12 +644,12 @@ func TestClientCommandsWithoutAgent(t *testing.T) {
 }
 
 // queued tells whether a session of client has one acquire waiting.
-func queued(t *testing.T, c *socketapi.Client, client string) bool {
+func queued(t *testing.T, c *client.Client, name string) bool {
 	t.Helper()
 	var res listJSON
 	call(t, c, "list", nil, &res)
 	for _, s := range res.Sessions {
-		if s.Client == client && len(s.Waiting) == 1 {
+		if s.Client == name && len(s.Waiting) == 1 {
 			return true
 		}
 	}

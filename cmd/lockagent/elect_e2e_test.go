@@ -12,9 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // election records the terms of every candidate of one name, on one
@@ -44,8 +44,8 @@ func (e *election) now() int64 { return int64(time.Since(e.start)) }
 type candidate struct {
 	id    int
 	agent int
-	c     *socketapi.Client
-	cp    *socketapi.Campaign
+	c     *client.Client
+	cp    *client.Campaign
 }
 
 // campaign connects a new candidate to agent i of f and starts its
@@ -58,7 +58,7 @@ func (e *election) campaign(f *fleet, i int) *candidate {
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	cp, err := cand.c.Campaign(ctx, e.name, socketapi.CampaignOptions{TTL: e.ttl, Meta: fmt.Sprintf("candidate %d", cand.id)})
+	cp, err := cand.c.Campaign(ctx, e.name, client.CampaignOptions{TTL: e.ttl, Meta: fmt.Sprintf("candidate %d", cand.id)})
 	require.NoError(e.t, err)
 	cand.cp = cp
 	e.wg.Go(func() {

@@ -11,14 +11,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // queuedFor is how many waiters queue for name in the backend, from
 // inspect.
-func queuedFor(t *testing.T, c *socketapi.Client, name string) int {
+func queuedFor(t *testing.T, c *client.Client, name string) int {
 	t.Helper()
 	var r struct {
 		Queued int `json:"queued"`

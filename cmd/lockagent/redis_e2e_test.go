@@ -15,8 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // TestA1_AcrossAgents: an app on one agent holds a lock and drops; a
@@ -96,7 +97,7 @@ func TestWaitReplicasConfig(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	err := c.Call(ctx, "acquire", map[string]any{"name": "w/1"}, nil)
-	var se *socketapi.Error
+	var se *client.Error
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, "backend_unavailable", se.Code)
 	assert.Contains(t, se.Message, "reached 0 of 1 replicas")
@@ -149,12 +150,12 @@ func TestStatusWhileRedisIsDown(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	a := opsAgent(t, fmt.Sprintf("  addresses = [%q]", srv.Addr()))
 	app := a.client(t, "status-app")
-	status := func() (string, statusResult) {
+	status := func() (string, wire.StatusResult) {
 		r := lockagent(t, a.env.clientEnv(), "ctl", "status")
 		requireCode(t, 0, r, "ctl status")
 		rj := lockagent(t, a.env.clientEnv(), "ctl", "status", "-json")
 		requireCode(t, 0, rj, "ctl status -json")
-		var st statusResult
+		var st wire.StatusResult
 		require.NoError(t, json.Unmarshal([]byte(rj.stdout), &st), rj.stdout)
 		return r.stdout, st
 	}
@@ -164,13 +165,13 @@ func TestStatusWhileRedisIsDown(t *testing.T) {
 
 	srv.Kill()
 	err := app.Call(t.Context(), "acquire", map[string]any{"name": "status/x"}, nil)
-	var se *socketapi.Error
+	var se *client.Error
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "backend_unavailable", se.Code)
 	text, st = status()
 	assert.Regexp(t, `(?m)^backend: +redis \(ok\)\nbackend error: +\d+s ago: .*unavailable`, text, "renewals are fine: there are none")
 	assert.Contains(t, st.BackendError, "unavailable")
-	assert.Positive(t, st.ErrorAgoMs)
+	assert.Positive(t, st.BackendErrorAgoMs)
 
 	srv.Restart(t)
 	acquireSoon(t, app, "status/x", callTimeout)

@@ -28,14 +28,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // fltCode is the error code of a failed call, or "".
 func fltCode(err error) string {
-	var e *socketapi.Error
+	var e *client.Error
 	if errors.As(err, &e) {
 		return e.Code
 	}
@@ -113,7 +113,7 @@ func fltWaitRenewal(t *testing.T, rc *goredis.Client, name string, timeout time.
 }
 
 // fltLeaseCount counts the leases an agent lists, across its sessions.
-func fltLeaseCount(t *testing.T, c *socketapi.Client) int {
+func fltLeaseCount(t *testing.T, c *client.Client) int {
 	t.Helper()
 	var res struct {
 		Sessions []struct {
@@ -364,7 +364,7 @@ func (h *fltHistory) problem(format string, args ...any) {
 
 // use keeps a fresh grant for hold, or until it is lost, then releases it,
 // and records the hold and the release.
-func (h *fltHistory) use(who int, c *socketapi.Client, ev *eventLog, name string, l lease, got time.Time, hold time.Duration) {
+func (h *fltHistory) use(who int, c *client.Client, ev *eventLog, name string, l lease, got time.Time, hold time.Duration) {
 	for until := got.Add(hold); time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
 		if _, lost := ev.lost(l.Lease); lost {
 			break
@@ -796,7 +796,7 @@ func TestB3_SlowRedis(t *testing.T) {
 					// An answer that cannot come within the grant's local
 					// deadline is given up: backend_unavailable, never a
 					// grant handed out late.
-					var perr *socketapi.Error
+					var perr *client.Error
 					if !errors.As(err, &perr) || perr.Code != "backend_unavailable" {
 						h.problem("an acquire of the slow agent failed: %v", err)
 					}
@@ -882,7 +882,7 @@ func TestB3_SlowRedis(t *testing.T) {
 	var l lease
 	lateApp := slow.client(t, "b3-late")
 	err := lateApp.Call(t.Context(), "acquire", map[string]any{"name": name, "ttl_ms": ttl.Milliseconds()}, &l)
-	var perr *socketapi.Error
+	var perr *client.Error
 	if err != nil {
 		require.ErrorAs(t, err, &perr)
 		assert.Equal(t, "backend_unavailable", perr.Code)
@@ -1178,7 +1178,7 @@ type fltTry struct {
 }
 
 // fltTryAsync sends a try on c and returns the channel of its outcome.
-func fltTryAsync(c *socketapi.Client, name string, ttl time.Duration) <-chan fltTry {
+func fltTryAsync(c *client.Client, name string, ttl time.Duration) <-chan fltTry {
 	done := make(chan fltTry, 1)
 	sent := time.Now()
 	go func() {
@@ -1212,7 +1212,7 @@ func fltB4Outcome(t *testing.T, rc *goredis.Client, name string, applied fltRedi
 
 // fltAcquireAsync acquires name on c, waiting up to wait, and returns the
 // channel of its outcome.
-func fltAcquireAsync(c *socketapi.Client, name string, wait time.Duration) <-chan fltTry {
+func fltAcquireAsync(c *client.Client, name string, wait time.Duration) <-chan fltTry {
 	done := make(chan fltTry, 1)
 	sent := time.Now()
 	go func() {
@@ -1226,7 +1226,7 @@ func fltAcquireAsync(c *socketapi.Client, name string, wait time.Duration) <-cha
 }
 
 // fltAcquireWait acquires name waiting up to wait; it must be granted.
-func fltAcquireWait(t *testing.T, c *socketapi.Client, name string, wait time.Duration) lease {
+func fltAcquireWait(t *testing.T, c *client.Client, name string, wait time.Duration) lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait+callTimeout)
 	defer cancel()
@@ -1267,7 +1267,7 @@ func TestB5_RedisPaused(t *testing.T) {
 	mon := fltStartMonitor(t, f.redis.Addr())
 	type holder struct {
 		name string
-		app  *socketapi.Client
+		app  *client.Client
 		ev   *eventLog
 		l    lease
 	}

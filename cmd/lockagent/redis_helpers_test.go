@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/faultproxy"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // fleet is several agent processes sharing one real redis-server, each
@@ -49,7 +49,7 @@ func (f *fleet) addAgent(t *testing.T, extraHCL string) *fleetAgent {
 }
 
 // client connects an application to the agent.
-func (a *fleetAgent) client(t *testing.T, name string) *socketapi.Client {
+func (a *fleetAgent) client(t *testing.T, name string) *client.Client {
 	t.Helper()
 	return dialAgent(t, a.env.socket, name)
 }
@@ -134,7 +134,7 @@ type grab struct {
 // recordedEvent is an event with the time it reached the test.
 type recordedEvent struct {
 	at time.Time
-	socketapi.Event
+	client.Event
 }
 
 // eventLog records every event of a connection as it arrives.
@@ -145,7 +145,7 @@ type eventLog struct {
 
 // recordEvents drains c's events into a log, until the connection ends.
 // Do not use waitEvent on c as well.
-func recordEvents(c *socketapi.Client) *eventLog {
+func recordEvents(c *client.Client) *eventLog {
 	l := &eventLog{}
 	go func() {
 		for ev := range c.Events() {

@@ -27,16 +27,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // ---------------------------------------------------------------------------
 // Helpers
 
 // opsRelease releases a lease that must be held.
-func opsRelease(t *testing.T, c *socketapi.Client, leaseID string) {
+func opsRelease(t *testing.T, c *client.Client, leaseID string) {
 	t.Helper()
 	var r struct {
 		Released bool `json:"released"`
@@ -45,7 +45,7 @@ func opsRelease(t *testing.T, c *socketapi.Client, leaseID string) {
 	require.True(t, r.Released)
 }
 
-func opsCheck(t *testing.T, c *socketapi.Client, leaseID string) checkResult {
+func opsCheck(t *testing.T, c *client.Client, leaseID string) checkResult {
 	t.Helper()
 	var r checkResult
 	call(t, c, "check", map[string]any{"lease": leaseID}, &r)
@@ -53,7 +53,7 @@ func opsCheck(t *testing.T, c *socketapi.Client, leaseID string) checkResult {
 }
 
 // opsRawConn is an application connection read line by line, keeping the
-// order of responses and events, which socketapi.Client separates.
+// order of responses and events, which client.Client separates.
 type opsRawConn struct {
 	nc    net.Conn
 	lines chan opsRawLine
@@ -246,7 +246,7 @@ func opsMaxToken(ts []uint64) uint64 {
 // each held by one of the apps, and every token granted so far.
 type opsB6 struct {
 	f      *fleet
-	apps   []*socketapi.Client
+	apps   []*client.Client
 	logs   []*eventLog
 	names  []string
 	held   []lease // held[i] holds names[i], on apps[i%2]
@@ -418,7 +418,7 @@ func opsB7(t *testing.T, ttl time.Duration, afterRenewal bool, outage func(f *fl
 		assert.Contains(t, opsStartupLog(t, a), "aof=true", "the agent logs the persistence mode")
 		assert.NotContains(t, opsStartupLog(t, a), "without AOF")
 	}
-	var apps []*socketapi.Client
+	var apps []*client.Client
 	var logs []*eventLog
 	for i, a := range f.agents {
 		c := a.client(t, fmt.Sprintf("b7-%d", i))
@@ -513,7 +513,7 @@ func TestB9_RedisClockFast(t *testing.T) {
 	const ttl = 3 * time.Second
 	const name = "b9/x"
 	f := startFleet(t, 2, redistest.Options{Faketime: "+0 x5"}, "")
-	apps := []*socketapi.Client{f.agents[0].client(t, "b9-0"), f.agents[1].client(t, "b9-1")}
+	apps := []*client.Client{f.agents[0].client(t, "b9-0"), f.agents[1].client(t, "b9-1")}
 	logs := []*eventLog{recordEvents(apps[0]), recordEvents(apps[1])}
 	observer := f.agents[0].client(t, "b9-observer")
 
@@ -697,7 +697,7 @@ func TestB10_EvictionPolicy(t *testing.T) {
 	assert.Equal(t, g.l.Token, info.Holders[0].Token)
 	assert.True(t, opsCheck(t, other, g.l.Lease).Held)
 	err = holder.Call(ctx, "check", map[string]any{"lease": old.Lease}, nil)
-	var se *socketapi.Error
+	var se *client.Error
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, "not_held", se.Code)
 	t.Logf("B10 eviction policy: warned for allkeys-lru and volatile-lru, not for noeviction; evicted key → lost (%s) after %s; "+
@@ -1264,7 +1264,7 @@ func sentinelFailoverAfterAcquire(t *testing.T, wait bool) {
 	var held lease
 	err := holder.Call(ctx, "acquire", map[string]any{"name": "case21/x", "ttl_ms": ttl.Milliseconds()}, &held)
 	if wait {
-		var se *socketapi.Error
+		var se *client.Error
 		require.ErrorAs(t, err, &se, "a grant the replica does not have is given back")
 		assert.Equal(t, "backend_unavailable", se.Code)
 		assert.Contains(t, se.Message, "reached 0 of 1 replicas")
@@ -1388,7 +1388,7 @@ func TestCluster_TwoAgents(t *testing.T) {
 
 	// Many names, granted on both agents: each key lives on its slot's
 	// primary, and all three primaries are used.
-	apps := []*socketapi.Client{agents[0].client(t, "cl-0"), agents[1].client(t, "cl-1")}
+	apps := []*client.Client{agents[0].client(t, "cl-0"), agents[1].client(t, "cl-1")}
 	logs := []*eventLog{recordEvents(apps[0]), recordEvents(apps[1])}
 	perNode := map[string][]string{}
 	for i := range 24 {
@@ -1440,7 +1440,7 @@ func TestCluster_TwoAgents(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	var workers []*socketapi.Client
+	var workers []*client.Client
 	var wlogs []*eventLog
 	for i := range 4 {
 		c := agents[i%2].client(t, fmt.Sprintf("cl-worker-%d", i))

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // exitTempFail is run's status when the lock was not acquired in time
@@ -80,8 +80,8 @@ func runCmd(args []string, stderr io.Writer) error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var c *socketapi.Client
-	var info socketapi.AgentInfo
+	var c *client.Client
+	var info client.AgentInfo
 	err := untilSignal(cancel, sigs, func() (err error) {
 		cctx, ccancel := context.WithTimeout(ctx, connectTimeout)
 		defer ccancel()
@@ -96,11 +96,11 @@ func runCmd(args []string, stderr io.Writer) error {
 		return runElected(ctx, cancel, c, name, argv, *ttl, *grace, sigs, chld, stderr)
 	}
 
-	req := map[string]any{"name": name, "wait_ms": -1}
+	opts := client.AcquireOptions{Wait: client.WaitForever, TTL: *ttl}
 	actx := ctx
 	var allowance time.Duration
 	if given["wait"] {
-		req["wait_ms"] = wait.Milliseconds()
+		opts.Wait = *wait
 		// An agent that stops answering (stopped, hung) must not hold run
 		// past its -wait by long. An attempt may take until the grant's
 		// local deadline, about a TTL, when the backend is slow (a
@@ -111,19 +111,15 @@ func runCmd(args []string, stderr io.Writer) error {
 		defer acancel()
 	}
 	if *shared {
-		req["mode"] = "shared"
+		opts.Mode = client.ModeShared
 	}
-	if *ttl > 0 {
-		req["ttl_ms"] = ttl.Milliseconds()
-	}
-	var res struct {
-		Acquired bool   `json:"acquired"`
-		Lease    string `json:"lease"`
-		Token    uint64 `json:"token"`
-		Reason   string `json:"reason"`
-	}
-	err = untilSignal(cancel, sigs, func() error { return c.Call(actx, "acquire", req, &res) })
+	var lease *client.Lease
+	err = untilSignal(cancel, sigs, func() (err error) {
+		lease, err = c.Acquire(actx, name, opts)
+		return err
+	})
 	var exit exitError
+	var denied *client.NotAcquiredError
 	switch {
 	case errors.As(err, &exit):
 		return err
@@ -131,14 +127,14 @@ func runCmd(args []string, stderr io.Writer) error {
 		return usageError{fmt.Sprintf("%s: %v", name, err)}
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL, at most 30s, and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
+	case errors.As(err, &denied):
+		fmt.Fprintf(stderr, "lockagent: %s not acquired (%s)\n", name, denied.Reason)
+		return exitError{exitTempFail}
 	case err != nil:
 		return fmt.Errorf("%s: %w", name, err)
-	case !res.Acquired:
-		fmt.Fprintf(stderr, "lockagent: %s not acquired (%s)\n", name, res.Reason)
-		return exitError{exitTempFail}
 	}
 
-	cmd, err := startCommand(argv, name, res.Lease, res.Token, stderr)
+	cmd, err := startCommand(argv, name, lease.ID, lease.Token, stderr)
 	if err != nil {
 		return err
 	}
@@ -147,7 +143,15 @@ func runCmd(args []string, stderr io.Writer) error {
 		kill     <-chan time.Time // set once the lock is lost
 		deadline time.Time        // when what is left of the command gets SIGKILL
 	)
-	events := c.Events()
+	events, done := c.Events(), lease.Done()
+	// lose stops the command once the lock is lost.
+	lose := func(why string) {
+		if kill == nil {
+			fmt.Fprintf(stderr, "lockagent: lock %s lost (%s); stopping the command\n", name, why)
+			cmd.stop(syscall.SIGTERM, stderr)
+			deadline, kill = time.Now().Add(*grace), time.After(*grace)
+		}
+	}
 	for {
 		select {
 		case err := <-cmd.exited:
@@ -159,22 +163,22 @@ func runCmd(args []string, stderr io.Writer) error {
 			// The lock is released before run returns, unless the
 			// agent does not answer (the connection's end releases it).
 			bctx, bcancel := context.WithTimeout(ctx, byeTimeout)
-			c.Call(bctx, "bye", nil, nil)
+			c.Bye(bctx)
 			bcancel()
 			return exitStatus(err)
 		case sig := <-sigs:
 			cmd.relay(sig)
 		case <-chld:
 			reapOrphans(cmd)
+		case <-done:
+			done = nil
+			lose(lostReason(lease.Reason()))
 		case ev, ok := <-events:
-			lost := !ok || (ev.Event == "lost" && ev.Lease == res.Lease) || ev.Event == "shutdown"
-			if !ok {
+			switch {
+			case !ok:
 				events = nil
-			}
-			if lost && kill == nil {
-				fmt.Fprintf(stderr, "lockagent: lock %s lost (%s); stopping the command\n", name, lostReason(ev, ok))
-				cmd.stop(syscall.SIGTERM, stderr)
-				deadline, kill = time.Now().Add(*grace), time.After(*grace)
+			case ev.Event == "shutdown":
+				lose("agent shutting down")
 			}
 		case <-kill:
 			cmd.stop(syscall.SIGKILL, stderr)
@@ -287,9 +291,9 @@ const maxAttempt = 30 * time.Second
 // (the name, the TTL, a line too long for the agent's max_line_bytes): a
 // mistake on the command line.
 func badArgument(err error) bool {
-	var se *socketapi.Error
-	return errors.As(err, &se) && (se.Code == socketapi.CodeInvalidName || se.Code == socketapi.CodeInvalidArgument ||
-		se.Code == socketapi.CodeLineTooLong)
+	var se *client.Error
+	return errors.As(err, &se) && (se.Code == client.CodeInvalidName || se.Code == client.CodeInvalidArgument ||
+		se.Code == client.CodeLineTooLong)
 }
 
 // byeTimeout bounds how long run waits, once the command has ended, for
@@ -308,14 +312,12 @@ func inTerminalForeground() bool {
 	return err == nil && pgrp == syscall.Getpgrp()
 }
 
-func lostReason(ev socketapi.Event, ok bool) string {
-	switch {
-	case !ok:
+// lostReason says why a lease ended, from its Reason.
+func lostReason(reason string) string {
+	if reason == "connection closed" {
 		return "connection to the agent lost"
-	case ev.Event == "shutdown":
-		return "agent shutting down"
 	}
-	return ev.Reason
+	return reason
 }
 
 // exitStatus turns the command's end into run's exit status: its own, or

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // errAgentGone: the connection to the agent ended, so leadership can no
@@ -26,11 +26,11 @@ var errAgentGone = errors.New("the connection to the agent ended")
 // over, and exits with its status. A signal to run goes to the command;
 // run then resigns and exits when it has ended. chld tells of a child of
 // run that ended.
-func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Client, name string, argv []string,
+func runElected(ctx context.Context, cancel context.CancelFunc, c *client.Client, name string, argv []string,
 	ttl, grace time.Duration, sigs, chld <-chan os.Signal, stderr io.Writer) error {
-	var cp *socketapi.Campaign
+	var cp *client.Campaign
 	err := untilSignal(cancel, sigs, func() (err error) {
-		cp, err = c.Campaign(ctx, name, socketapi.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
+		cp, err = c.Campaign(ctx, name, client.CampaignOptions{TTL: ttl, Meta: fmt.Sprintf("lockagent run -elect, pid %d", os.Getpid())})
 		return err
 	})
 	var exit exitError
@@ -50,14 +50,14 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *socketapi.Cli
 	var (
 		cmd      *command
 		exited   <-chan error
-		term     *socketapi.Term // the term the command runs for
-		next     *socketapi.Term // won while the last term's command still stops
-		stopping bool            // the command was told to stop: its term ended
+		term     *client.Term // the term the command runs for
+		next     *client.Term // won while the last term's command still stops
+		stopping bool         // the command was told to stop: its term ended
 		kill     <-chan time.Time
 		deadline time.Time // when what is left of a stopped command gets SIGKILL
 		signaled bool      // run was told to stop
 	)
-	start := func(t *socketapi.Term) error {
+	start := func(t *client.Term) error {
 		fmt.Fprintf(stderr, "lockagent: elected leader of %s (token %d); starting the command\n", name, t.Token)
 		var err error
 		cmd, err = startCommand(argv, name, t.Lease, t.Token, stderr)

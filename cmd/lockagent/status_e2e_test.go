@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 func TestCtlStatus(t *testing.T) {
@@ -26,9 +28,9 @@ func TestCtlStatus(t *testing.T) {
 
 	r = lockagent(t, env, "ctl", "status", "-json")
 	requireCode(t, 0, r, "ctl status -json")
-	var st statusResult
+	var st wire.StatusResult
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
-	assert.Equal(t, statusResult{Version: testVersion, UptimeMs: st.UptimeMs, Backend: "memory", BackendState: "ok", Sessions: 3, Leases: 3}, st)
+	assert.Equal(t, wire.StatusResult{Version: testVersion, UptimeMs: st.UptimeMs, Backend: "memory", BackendState: "ok", Sessions: 3, Leases: 3}, st)
 	assert.GreaterOrEqual(t, st.UptimeMs, int64(0))
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &fields))

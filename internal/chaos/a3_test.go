@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // TestHeartbeatDropEndsConnectionFirst replays by hand a bug the chaos runs
@@ -32,7 +32,7 @@ func TestHeartbeatDropEndsConnectionFirst(t *testing.T) {
 	ctx := t.Context()
 	start := time.Now()
 
-	holder, err := socketapi.Dial(ctx, c.agents[0].socket)
+	holder, err := client.Dial(ctx, c.agents[0].socket)
 	require.NoError(t, err)
 	t.Cleanup(func() { holder.Close() })
 	require.NoError(t, holder.Call(ctx, "hello", map[string]any{"version": 1, "client": "a3", "heartbeat_ms": heartbeatMS}, nil))
@@ -54,7 +54,7 @@ func TestHeartbeatDropEndsConnectionFirst(t *testing.T) {
 	c.agents[0].proxy.Blackhole()
 	defer c.agents[0].proxy.Pass()
 
-	other, err := socketapi.Dial(ctx, c.agents[1].socket)
+	other, err := client.Dial(ctx, c.agents[1].socket)
 	require.NoError(t, err)
 	t.Cleanup(func() { other.Close() })
 	require.NoError(t, other.Call(ctx, "hello", map[string]any{"version": 1, "client": "a3-other"}, nil))

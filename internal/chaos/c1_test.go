@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // TestReleaseAfterAgentStop replays by hand a bug the chaos runs found
@@ -34,14 +34,14 @@ func TestReleaseAfterAgentStop(t *testing.T) {
 	)
 	c := startCluster(t, bin, 2)
 	ctx := t.Context()
-	dial := func(a *agent) *socketapi.Client {
-		cl, err := socketapi.Dial(ctx, a.socket)
+	dial := func(a *agent) *client.Client {
+		cl, err := client.Dial(ctx, a.socket)
 		require.NoError(t, err)
 		t.Cleanup(func() { cl.Close() })
 		require.NoError(t, cl.Call(ctx, "hello", map[string]any{"version": 1, "client": "c1"}, nil))
 		return cl
 	}
-	holders, others := make([]*socketapi.Client, leases), make([]*socketapi.Client, leases)
+	holders, others := make([]*client.Client, leases), make([]*client.Client, leases)
 	for i := range leases {
 		holders[i], others[i] = dial(c.agents[0]), dial(c.agents[1])
 	}
@@ -88,7 +88,7 @@ func TestReleaseAfterAgentStop(t *testing.T) {
 			require.True(t, granted[i].Acquired, "the other agent is granted c1/%d once Redis expired the stopped agent's lease", i)
 			assert.Greater(t, granted[i].Token, held[i].Token)
 			err := <-answers[i]
-			var apiErr *socketapi.Error
+			var apiErr *client.Error
 			switch {
 			case err == nil:
 				bad = append(bad, fmt.Sprintf("round %d: the release of c1/%d lease %s (token %d) was answered released:true after SIGCONT; the other agent had granted token %d while it was stopped",

@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 const (
@@ -105,7 +105,7 @@ type worker struct {
 // session is a worker's connection.
 type session struct {
 	rec  *sessRec
-	c    *socketapi.Client
+	c    *client.Client
 	done chan struct{} // closed when the connection has ended and its events are read
 
 	mu   sync.Mutex
@@ -156,7 +156,7 @@ func (w *worker) loop() {
 func (w *worker) connect() *session {
 	ctx, cancel := context.WithTimeout(context.Background(), callSlack)
 	defer cancel()
-	c, err := socketapi.Dial(ctx, w.agent.socket)
+	c, err := client.Dial(ctx, w.agent.socket)
 	if err != nil {
 		return nil
 	}
@@ -259,7 +259,7 @@ type acquireResult struct {
 
 // classify turns a call's error into an outcome and a code.
 func classify(err error) (outcome, string) {
-	var apiErr *socketapi.Error
+	var apiErr *client.Error
 	switch {
 	case err == nil:
 		return ok, ""

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/faultproxy"
 	"github.com/lockagent/lockagent/internal/redistest"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 const (
@@ -155,7 +155,7 @@ func (a *agent) start() error {
 func ping(socket string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return socketapi.PingAgent(ctx, socket)
+	return client.PingAgent(ctx, socket)
 }
 
 // running reports whether the agent's process is alive (stopped counts).

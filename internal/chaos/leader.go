@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/lockcheck"
-	"github.com/lockagent/lockagent/socketapi"
 )
 
 // Leader election under the same faults. Some client sessions are
@@ -71,7 +71,7 @@ type termRec struct {
 // liveTerm is a term being led: its record and the client's handle.
 type liveTerm struct {
 	rec  *termRec
-	term *socketapi.Term
+	term *client.Term
 }
 
 // lead is a candidate's loop: a session with its agent, and campaign after
@@ -105,7 +105,7 @@ func (w *worker) campaign(s *session) bool {
 
 	ctx, cancel := context.WithTimeout(context.Background(), callSlack)
 	rec.call = r.now()
-	cp, err := s.c.Campaign(ctx, rec.name, socketapi.CampaignOptions{
+	cp, err := s.c.Campaign(ctx, rec.name, client.CampaignOptions{
 		TTL: time.Duration(rec.ttl) * time.Millisecond, Meta: fmt.Sprintf("chaos client %d", w.id)})
 	rec.ret = r.now()
 	cancel()
@@ -151,7 +151,7 @@ func (w *worker) campaign(s *session) bool {
 // recordTerms records each term of the campaign as its `elected` event
 // comes, and its end as the client sees it; it forwards the terms to the
 // candidate and closes terms when the campaign has ended.
-func (r *run) recordTerms(c *campaignRec, cp *socketapi.Campaign, terms chan<- liveTerm) {
+func (r *run) recordTerms(c *campaignRec, cp *client.Campaign, terms chan<- liveTerm) {
 	defer close(terms)
 	contend := c.call
 	for t := range cp.Elected() {
@@ -219,7 +219,7 @@ func (w *worker) leadTerm(s *session, t liveTerm) stint {
 }
 
 // termOver tells whether the client has seen t end.
-func termOver(t *socketapi.Term) bool {
+func termOver(t *client.Term) bool {
 	select {
 	case <-t.Done():
 		return true
@@ -230,7 +230,7 @@ func termOver(t *socketapi.Term) bool {
 
 // resign resigns the campaign. It returns false when the session must be
 // dropped.
-func (w *worker) resign(s *session, cp *socketapi.Campaign, c *campaignRec) bool {
+func (w *worker) resign(s *session, cp *client.Campaign, c *campaignRec) bool {
 	r := w.r
 	ctx, cancel := context.WithTimeout(context.Background(), callSlack)
 	defer cancel()

@@ -1,4 +1,4 @@
-package socketapi
+package client
 
 import (
 	"bufio"
@@ -16,7 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/socketpath"
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // Client is a connection to the agent. Its methods may be called from
@@ -66,24 +67,62 @@ type pendingCall struct {
 	cancel bool
 }
 
-// Event is an event pushed by the agent.
+// Event is an event pushed by the agent (docs/protocol.md, Events).
 type Event struct {
-	Event    string `json:"event"`
-	Campaign string `json:"campaign"`
-	Lease    string `json:"lease"`
-	Name     string `json:"name"`
-	Token    uint64 `json:"token"`
-	Reason   string `json:"reason"`
-	State    string `json:"state"`
-	Message  string `json:"message"`
+	Event    string // lost, elected, backend or shutdown
+	Campaign string // elected; lost, of a campaign's term
+	Lease    string // lost, elected
+	Name     string // lost, elected
+	Token    uint64 // lost, elected
+	Reason   string // lost
+	State    string // backend: degraded or ok
+	Message  string // backend, shutdown
+}
+
+func toEvent(e wire.Event) Event {
+	ev := Event{Event: e.Event, Campaign: e.Campaign, Lease: e.Lease, Name: e.Name, Reason: e.Reason, State: e.State, Message: e.Message}
+	if e.Token != nil {
+		ev.Token = *e.Token
+	}
+	return ev
 }
 
 // Error is an answer with ok false: the agent refused a request.
 type Error struct {
-	Code    string          `json:"code"`            // one of the Code constants: stable, for programs
-	Message string          `json:"message"`         // for people; may change between versions
-	Lease   json.RawMessage `json:"lease,omitempty"` // with already_held: the lease the session holds
+	Code    string     // one of the Code constants: stable, for programs
+	Message string     // for people; may change between versions
+	Lease   *LeaseInfo // with already_held: the lease the session holds
 }
+
+// newError is the Error of e.
+func newError(e *wire.Error) *Error {
+	err := &Error{Code: e.Code, Message: e.Message}
+	if e.Lease != nil {
+		l := leaseInfo(*e.Lease)
+		err.Lease = &l
+	}
+	return err
+}
+
+// Error codes of the protocol (docs/protocol.md).
+const (
+	CodeBadRequest         = wire.CodeBadRequest
+	CodeUnknownOp          = wire.CodeUnknownOp
+	CodeLineTooLong        = wire.CodeLineTooLong
+	CodeInvalidName        = wire.CodeInvalidName
+	CodeInvalidArgument    = wire.CodeInvalidArgument
+	CodeNotHeld            = wire.CodeNotHeld
+	CodeAlreadyHeld        = wire.CodeAlreadyHeld
+	CodeCanceled           = wire.CodeCanceled
+	CodePermissionDenied   = wire.CodePermissionDenied
+	CodeLimitExceeded      = wire.CodeLimitExceeded
+	CodeSessionExpired     = wire.CodeSessionExpired
+	CodeBackendUnavailable = wire.CodeBackendUnavailable
+	CodeForeignKey         = wire.CodeForeignKey
+	CodeTokensExhausted    = wire.CodeTokensExhausted
+	CodeShuttingDown       = wire.CodeShuttingDown
+	CodeInternal           = wire.CodeInternal
+)
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
@@ -99,23 +138,23 @@ func (e *Error) Is(target error) bool {
 var (
 	// ErrNotHeld: release or check of a lease the session no longer
 	// holds (released, lost); resign of a campaign that has ended.
-	ErrNotHeld = &Error{Code: CodeNotHeld, Message: "not held"}
+	ErrNotHeld = &Error{Code: wire.CodeNotHeld, Message: "not held"}
 	// ErrAlreadyHeld: an acquire of a name the session holds; the
 	// Error's Lease is that lease.
-	ErrAlreadyHeld = &Error{Code: CodeAlreadyHeld, Message: "already held"}
+	ErrAlreadyHeld = &Error{Code: wire.CodeAlreadyHeld, Message: "already held"}
 	// ErrCanceled: a waiting acquire was cancelled, or its session ended.
-	ErrCanceled = &Error{Code: CodeCanceled, Message: "canceled"}
+	ErrCanceled = &Error{Code: wire.CodeCanceled, Message: "canceled"}
 	// ErrPermissionDenied: the agent's access rules refuse the request.
-	ErrPermissionDenied = &Error{Code: CodePermissionDenied, Message: "permission denied"}
+	ErrPermissionDenied = &Error{Code: wire.CodePermissionDenied, Message: "permission denied"}
 	// ErrLimitExceeded: one of the agent's limits was reached.
-	ErrLimitExceeded = &Error{Code: CodeLimitExceeded, Message: "limit exceeded"}
+	ErrLimitExceeded = &Error{Code: wire.CodeLimitExceeded, Message: "limit exceeded"}
 	// ErrSessionExpired: a resume of a session that has ended, or is not
 	// the caller's.
-	ErrSessionExpired = &Error{Code: CodeSessionExpired, Message: "session expired"}
+	ErrSessionExpired = &Error{Code: wire.CodeSessionExpired, Message: "session expired"}
 	// ErrBackendUnavailable: the agent could not reach its backend.
-	ErrBackendUnavailable = &Error{Code: CodeBackendUnavailable, Message: "backend unavailable"}
+	ErrBackendUnavailable = &Error{Code: wire.CodeBackendUnavailable, Message: "backend unavailable"}
 	// ErrShuttingDown: the agent is stopping.
-	ErrShuttingDown = &Error{Code: CodeShuttingDown, Message: "shutting down"}
+	ErrShuttingDown = &Error{Code: wire.CodeShuttingDown, Message: "shutting down"}
 )
 
 type response struct {
@@ -125,7 +164,7 @@ type response struct {
 
 // ErrClosed matches, with errors.Is, the error of a call on a connection
 // that has ended, or that ended before its answer came.
-var ErrClosed = errors.New("socketapi: connection closed")
+var ErrClosed = errors.New("client: connection closed")
 
 // eventBuffer is how many events the client holds for a reader of Events
 // before it stops reading the connection.
@@ -134,7 +173,7 @@ const eventBuffer = 1024
 // SocketPath is where a client finds the agent: explicit if not empty
 // (a -socket flag), else the LOCKAGENT_SOCKET environment variable if set
 // and not empty, else the default path, computed as the agent computes
-// its own (see config.DefaultSocketPath): /run/lockagent/agent.sock for
+// its own: /run/lockagent/agent.sock for
 // root and systemd services, $XDG_RUNTIME_DIR/lockagent.sock, or
 // lockagent-UID/agent.sock in the temporary directory.
 func SocketPath(explicit string) string {
@@ -144,7 +183,7 @@ func SocketPath(explicit string) string {
 	if p := os.Getenv("LOCKAGENT_SOCKET"); p != "" {
 		return p
 	}
-	return config.DefaultSocketPath()
+	return socketpath.Default()
 }
 
 // Dial connects to the agent at path, or at SocketPath("") if path is
@@ -154,8 +193,8 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	path = SocketPath(path)
 	// In the temporary directory, anybody could have made the directory
 	// and serve an agent of theirs there.
-	if dir := filepath.Dir(path); dir == config.PrivateSocketDir() {
-		if err := checkPrivate(dir); err != nil {
+	if dir := filepath.Dir(path); dir == socketpath.PrivateDir() {
+		if err := socketpath.CheckPrivate(dir); err != nil {
 			return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: err}
 		}
 	}
@@ -210,22 +249,24 @@ func (c *Client) read() {
 		var head struct {
 			ID    json.RawMessage `json:"id"`
 			Event string          `json:"event"`
-			Error *Error          `json:"error"`
+			Error *wire.Error     `json:"error"`
 		}
 		if err := json.Unmarshal(line, &head); err != nil {
 			continue
 		}
 		if head.Event != "" {
-			var ev Event
+			var ev wire.Event
 			if json.Unmarshal(line, &ev) == nil {
-				c.deliver(ev)
+				c.deliver(toEvent(ev))
 			}
 			continue
 		}
 		if string(head.ID) == "null" {
 			// Why the agent closes the connection: a limit reached, a
 			// line too long.
-			reason = head.Error
+			if head.Error != nil {
+				reason = newError(head.Error)
+			}
 			continue
 		}
 		c.mu.Lock()
@@ -446,8 +487,8 @@ func requestLine(id, op string, args any) ([]byte, error) {
 
 func decodeResponse(body []byte, result any) error {
 	var head struct {
-		OK    bool   `json:"ok"`
-		Error *Error `json:"error"`
+		OK    bool        `json:"ok"`
+		Error *wire.Error `json:"error"`
 	}
 	if err := json.Unmarshal(body, &head); err != nil {
 		return fmt.Errorf("bad response: %w", err)
@@ -456,7 +497,7 @@ func decodeResponse(body []byte, result any) error {
 		if head.Error == nil {
 			return errors.New("bad response: ok is false without an error")
 		}
-		return head.Error
+		return newError(head.Error)
 	}
 	if result == nil {
 		return nil

@@ -1,4 +1,4 @@
-package socketapi_test
+package client_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend/memory"
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/socketapi"
 )
 
@@ -20,18 +21,18 @@ func Example() {
 	defer stop()
 	ctx := context.Background()
 
-	c, err := socketapi.Dial(ctx, socket) // or socketapi.SocketPath("") to find the host's agent
+	c, err := client.Dial(ctx, socket) // or client.SocketPath("") to find the host's agent
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close() // the end of the connection releases its leases
-	s, err := c.Hello(ctx, socketapi.HelloOptions{Client: "billing-worker"})
+	s, err := c.Hello(ctx, client.HelloOptions{Client: "billing-worker"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("agent backend:", s.Agent.Backend)
 
-	lease, err := c.Acquire(ctx, "orders/42", socketapi.AcquireOptions{Meta: "invoice run"})
+	lease, err := c.Acquire(ctx, "orders/42", client.AcquireOptions{Meta: "invoice run"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -58,18 +59,18 @@ func ExampleClient_Acquire_try() {
 	defer holder.Close()
 	defer other.Close()
 
-	if _, err := holder.Acquire(ctx, "orders/42", socketapi.AcquireOptions{Meta: "invoice run"}); err != nil {
+	if _, err := holder.Acquire(ctx, "orders/42", client.AcquireOptions{Meta: "invoice run"}); err != nil {
 		log.Fatal(err)
 	}
 
-	_, err := other.Acquire(ctx, "orders/42", socketapi.AcquireOptions{})
-	var denied *socketapi.NotAcquiredError
+	_, err := other.Acquire(ctx, "orders/42", client.AcquireOptions{})
+	var denied *client.NotAcquiredError
 	if errors.As(err, &denied) {
 		fmt.Printf("try: %s (holder: %s)\n", denied.Reason, denied.Holders[0].Meta)
 	}
-	_, err = other.Acquire(ctx, "orders/42", socketapi.AcquireOptions{Wait: 50 * time.Millisecond})
-	if errors.Is(err, socketapi.ErrNotAcquired) {
-		fmt.Println("wait 50ms:", err.(*socketapi.NotAcquiredError).Reason)
+	_, err = other.Acquire(ctx, "orders/42", client.AcquireOptions{Wait: 50 * time.Millisecond})
+	if errors.Is(err, client.ErrNotAcquired) {
+		fmt.Println("wait 50ms:", err.(*client.NotAcquiredError).Reason)
 	}
 	// Output:
 	// try: held (holder: invoice run)
@@ -86,7 +87,7 @@ func ExampleClient_Acquire_wait() {
 	defer holder.Close()
 	defer waiter.Close()
 
-	first, err := holder.Acquire(ctx, "reports/daily", socketapi.AcquireOptions{})
+	first, err := holder.Acquire(ctx, "reports/daily", client.AcquireOptions{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func ExampleClient_Acquire_wait() {
 	// The context's end cancels the wait.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, err = waiter.Acquire(short, "reports/daily", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+	_, err = waiter.Acquire(short, "reports/daily", client.AcquireOptions{Wait: client.WaitForever})
 	fmt.Println("gave up:", errors.Is(err, context.DeadlineExceeded))
 
 	go func() {
@@ -102,7 +103,7 @@ func ExampleClient_Acquire_wait() {
 			log.Fatal(err)
 		}
 	}()
-	second, err := waiter.Acquire(ctx, "reports/daily", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+	second, err := waiter.Acquire(ctx, "reports/daily", client.AcquireOptions{Wait: client.WaitForever})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -121,13 +122,13 @@ func ExampleClient_Acquire_shared() {
 	socket, stop := startExampleAgent()
 	defer stop()
 	ctx := context.Background()
-	shared := socketapi.AcquireOptions{Mode: socketapi.ModeShared, Limit: 2}
+	shared := client.AcquireOptions{Mode: client.ModeShared, Limit: 2}
 
 	for i := 1; i <= 3; i++ {
 		c := exampleClient(ctx, socket)
 		defer c.Close()
 		lease, err := c.Acquire(ctx, "gpu/slots", shared)
-		var denied *socketapi.NotAcquiredError
+		var denied *client.NotAcquiredError
 		switch {
 		case errors.As(err, &denied):
 			fmt.Printf("worker %d: not acquired (%s, %d holders)\n", i, denied.Reason, len(denied.Holders))
@@ -154,7 +155,7 @@ func ExampleLease_Done() {
 	defer worker.Close()
 	defer admin.Close()
 
-	lease, err := worker.Acquire(ctx, "orders/42", socketapi.AcquireOptions{})
+	lease, err := worker.Acquire(ctx, "orders/42", client.AcquireOptions{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func ExampleLease_Done() {
 		fmt.Println("work done")
 	}
 	err = lease.Release(ctx)
-	fmt.Println("release:", errors.Is(err, socketapi.ErrNotHeld))
+	fmt.Println("release:", errors.Is(err, client.ErrNotHeld))
 	// Output:
 	// lease lost: broken
 	// release: true
@@ -184,14 +185,14 @@ func ExampleError() {
 	c := exampleClient(ctx, socket)
 	defer c.Close()
 
-	if _, err := c.Acquire(ctx, "orders/42", socketapi.AcquireOptions{}); err != nil {
+	if _, err := c.Acquire(ctx, "orders/42", client.AcquireOptions{}); err != nil {
 		log.Fatal(err)
 	}
-	_, err := c.Acquire(ctx, "orders/42", socketapi.AcquireOptions{})
-	fmt.Println("already held:", errors.Is(err, socketapi.ErrAlreadyHeld))
+	_, err := c.Acquire(ctx, "orders/42", client.AcquireOptions{})
+	fmt.Println("already held:", errors.Is(err, client.ErrAlreadyHeld))
 
-	_, err = c.Acquire(ctx, "no spaces", socketapi.AcquireOptions{})
-	var e *socketapi.Error
+	_, err = c.Acquire(ctx, "no spaces", client.AcquireOptions{})
+	var e *client.Error
 	if errors.As(err, &e) {
 		fmt.Println("code:", e.Code)
 	}
@@ -210,12 +211,12 @@ func ExampleClient_Campaign() {
 	defer web1.Close()
 	defer web2.Close()
 
-	c1, err := web1.Campaign(ctx, "svc/scheduler", socketapi.CampaignOptions{Meta: "web-1"})
+	c1, err := web1.Campaign(ctx, "svc/scheduler", client.CampaignOptions{Meta: "web-1"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	term1 := <-c1.Elected()
-	c2, err := web2.Campaign(ctx, "svc/scheduler", socketapi.CampaignOptions{Meta: "web-2"})
+	c2, err := web2.Campaign(ctx, "svc/scheduler", client.CampaignOptions{Meta: "web-2"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -240,7 +241,7 @@ func ExampleClient_Campaign() {
 // An explicit path wins; without one, LOCKAGENT_SOCKET, then the default
 // path.
 func ExampleSocketPath() {
-	fmt.Println(socketapi.SocketPath("/srv/app/lockagent.sock"))
+	fmt.Println(client.SocketPath("/srv/app/lockagent.sock"))
 	// Output: /srv/app/lockagent.sock
 }
 
@@ -251,20 +252,20 @@ func ExamplePingAgent() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 
-	fmt.Println("agent:", socketapi.PingAgent(ctx, socket) == nil)
-	fmt.Println("nothing:", socketapi.PingAgent(ctx, socket+".none") == nil)
+	fmt.Println("agent:", client.PingAgent(ctx, socket) == nil)
+	fmt.Println("nothing:", client.PingAgent(ctx, socket+".none") == nil)
 	// Output:
 	// agent: true
 	// nothing: false
 }
 
 // exampleClient dials the agent and says hello.
-func exampleClient(ctx context.Context, socket string) *socketapi.Client {
-	c, err := socketapi.Dial(ctx, socket)
+func exampleClient(ctx context.Context, socket string) *client.Client {
+	c, err := client.Dial(ctx, socket)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := c.Hello(ctx, socketapi.HelloOptions{Client: "example"}); err != nil {
+	if _, err := c.Hello(ctx, client.HelloOptions{Client: "example"}); err != nil {
 		log.Fatal(err)
 	}
 	return c

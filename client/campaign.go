@@ -1,10 +1,12 @@
-package socketapi
+package client
 
 import (
 	"context"
 	"encoding/json"
 	"sync"
 	"time"
+
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
 // CampaignOptions are the arguments of a campaign. Zero values take the
@@ -119,8 +121,8 @@ func (c *Client) Campaign(ctx context.Context, name string, opts CampaignOptions
 // startedCampaign returns the id of the campaign an answer started, or "".
 func startedCampaign(body []byte) string {
 	var r struct {
-		OK       bool   `json:"ok"`
-		Campaign string `json:"campaign"`
+		OK bool `json:"ok"`
+		wire.CampaignResult
 	}
 	if json.Unmarshal(body, &r) != nil || !r.OK {
 		return ""

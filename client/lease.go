@@ -1,4 +1,4 @@
-package socketapi
+package client
 
 import (
 	"context"
@@ -6,17 +6,19 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/lockagent/lockagent/internal/wire"
 )
 
-// The typed ops of the client: hello, acquire, release, check, inspect,
-// break and ping.
+// The typed ops of sessions and locks: hello, acquire, release, check,
+// inspect and break.
 
 // Modes and scopes of AcquireOptions (and CampaignOptions.Scope).
 const (
-	ModeExclusive   = "exclusive"  // one holder (the default)
-	ModeShared      = "shared"     // any number of holders, or Limit
-	ScopeConnection = "connection" // the lease ends with the connection (the default)
-	ScopeSession    = "session"    // the lease ends with the session
+	ModeExclusive   = wire.ModeExclusive   // one holder (the default)
+	ModeShared      = wire.ModeShared      // any number of holders, or Limit
+	ScopeConnection = wire.ScopeConnection // the lease ends with the connection (the default)
+	ScopeSession    = wire.ScopeSession    // the lease ends with the session
 )
 
 // WaitForever, as AcquireOptions.Wait, waits until the lock is granted,
@@ -60,7 +62,7 @@ type AgentInfo struct {
 // request of the connection: without it, the first request opens a
 // session with the defaults.
 func (c *Client) Hello(ctx context.Context, opts HelloOptions) (*Session, error) {
-	args := map[string]any{"version": 1}
+	args := map[string]any{"version": wire.Version}
 	if opts.Client != "" {
 		args["client"] = opts.Client
 	}
@@ -71,9 +73,9 @@ func (c *Client) Hello(ctx context.Context, opts HelloOptions) (*Session, error)
 		args["heartbeat_ms"] = opts.Heartbeat.Milliseconds()
 	}
 	if opts.Resume != nil {
-		args["resume"] = resumeArgs{Session: opts.Resume.ID, Token: opts.Resume.ResumeToken}
+		args["resume"] = wire.Resume{Session: opts.Resume.ID, Token: opts.Resume.ResumeToken}
 	}
-	var r helloResult
+	var r wire.HelloResult
 	if err := c.Call(ctx, "hello", args, &r); err != nil {
 		return nil, err
 	}
@@ -102,7 +104,7 @@ type AcquireOptions struct {
 
 // ErrNotAcquired matches, with errors.Is, the *NotAcquiredError of an
 // Acquire that was denied.
-var ErrNotAcquired = errors.New("socketapi: not acquired")
+var ErrNotAcquired = errors.New("client: not acquired")
 
 // NotAcquiredError is Acquire's error when the lock was not granted: a
 // normal outcome, that the agent answers with acquired false.
@@ -113,7 +115,7 @@ type NotAcquiredError struct {
 }
 
 func (e *NotAcquiredError) Error() string {
-	return "socketapi: " + e.Name + " not acquired: " + e.Reason
+	return "client: " + e.Name + " not acquired: " + e.Reason
 }
 
 // Is makes errors.Is(err, ErrNotAcquired) true.
@@ -128,10 +130,8 @@ type Holder struct {
 	ExpiresIn time.Duration // until the backend drops it if its agent stops renewing it
 }
 
-// Lease is a granted lock, from Acquire. The agent renews it until it is
-// released or lost: watch Done, and stop using what the lock protects
-// when it is closed.
-type Lease struct {
+// LeaseInfo is what the agent says of a granted lease.
+type LeaseInfo struct {
 	ID    string
 	Name  string
 	Mode  string
@@ -141,6 +141,17 @@ type Lease struct {
 	// token smaller than one it has seen.
 	Token uint64
 	TTL   time.Duration
+}
+
+func leaseInfo(l wire.Lease) LeaseInfo {
+	return LeaseInfo{ID: l.ID, Name: l.Name, Mode: l.Mode, Scope: l.Scope, Token: l.Token, TTL: msDuration(l.TTLMs)}
+}
+
+// Lease is a granted lock, from Acquire. The agent renews it until it is
+// released or lost: watch Done, and stop using what the lock protects
+// when it is closed.
+type Lease struct {
+	LeaseInfo
 
 	c      *Client
 	done   chan struct{}
@@ -221,11 +232,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) 
 			c.mu.Unlock()
 		}
 	}
-	var r struct {
-		Acquired bool         `json:"acquired"`
-		Reason   string       `json:"reason"`
-		Holders  []holderJSON `json:"holders"`
-	}
+	var r wire.AcquireResult
 	settled := make(chan struct{})
 	err := c.do(ctx, "acquire", args, &r, pendingCall{hook: register, cancel: opts.Wait != 0,
 		abandon: func() {
@@ -257,15 +264,13 @@ func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) 
 // granted returns the lease an acquire's answer grants, or nil.
 func (c *Client) granted(body []byte) *Lease {
 	var r struct {
-		OK       bool `json:"ok"`
-		Acquired bool `json:"acquired"`
-		leaseJSON
+		OK bool `json:"ok"`
+		wire.AcquireResult
 	}
 	if json.Unmarshal(body, &r) != nil || !r.OK || !r.Acquired {
 		return nil
 	}
-	return &Lease{ID: r.Lease, Name: r.Name, Mode: r.Mode, Scope: r.Scope, Token: r.Token, TTL: msDuration(r.TTLMs),
-		c: c, done: make(chan struct{})}
+	return &Lease{LeaseInfo: leaseInfo(r.Lease), c: c, done: make(chan struct{})}
 }
 
 // Release releases the lease; Done is then closed, with reason
@@ -292,7 +297,7 @@ func (l *Lease) Release(ctx context.Context) error {
 // still held, and how long the backend would keep it without a renewal.
 // If it is not, the lease is lost, and Done is closed before Check returns.
 func (l *Lease) Check(ctx context.Context) (held bool, expiresIn time.Duration, err error) {
-	var r checkResult
+	var r wire.CheckResult
 	err = l.c.Call(ctx, "check", map[string]any{"lease": l.ID}, &r)
 	switch {
 	case errors.Is(err, ErrNotHeld): // it ended earlier
@@ -314,7 +319,7 @@ type Inspection struct {
 
 // Inspect reports who holds the lock name.
 func (c *Client) Inspect(ctx context.Context, name string) (*Inspection, error) {
-	var r inspectResult
+	var r wire.InspectResult
 	if err := c.Call(ctx, "inspect", map[string]any{"name": name}, &r); err != nil {
 		return nil, err
 	}
@@ -329,30 +334,14 @@ func (c *Client) Inspect(ctx context.Context, name string) (*Inspection, error) 
 // it ended: each holder gets a lost event with reason "broken". Admins
 // only (ErrPermissionDenied for others).
 func (c *Client) Break(ctx context.Context, name string) (int, error) {
-	var r breakResult
+	var r wire.BreakResult
 	if err := c.Call(ctx, "break", map[string]any{"name": name}, &r); err != nil {
 		return 0, err
 	}
 	return r.Broken, nil
 }
 
-// Ping asks the agent to answer; it keeps a heartbeat alive.
-func (c *Client) Ping(ctx context.Context) error {
-	return c.Call(ctx, "ping", nil, nil)
-}
-
-// PingAgent connects to the agent at path, pings it and hangs up: nil
-// when an agent serves path, within ctx.
-func PingAgent(ctx context.Context, path string) error {
-	c, err := Dial(ctx, path)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return c.Ping(ctx)
-}
-
-func holders(hs []holderJSON) []Holder {
+func holders(hs []wire.Holder) []Holder {
 	out := make([]Holder, len(hs))
 	for i, h := range hs {
 		out[i] = Holder{Mode: h.Mode, Token: h.Token, Meta: h.Meta, Host: h.Host, ExpiresIn: msDuration(h.ExpiresInMs)}

@@ -1,4 +1,4 @@
-package socketapi_test
+package client_test
 
 import (
 	"bufio"
@@ -16,13 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/socketapi"
+	"github.com/lockagent/lockagent/client"
 )
 
 // typedClient returns a client that said hello with the typed API.
-func (ta *testAgent) typedClient(t *testing.T, opts socketapi.HelloOptions) (*socketapi.Client, *socketapi.Session) {
+func (ta *testAgent) typedClient(t *testing.T, opts client.HelloOptions) (*client.Client, *client.Session) {
 	t.Helper()
-	c, err := socketapi.Dial(context.Background(), ta.path)
+	c, err := client.Dial(context.Background(), ta.path)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	s, err := c.Hello(context.Background(), opts)
@@ -31,7 +31,7 @@ func (ta *testAgent) typedClient(t *testing.T, opts socketapi.HelloOptions) (*so
 }
 
 // requireDone requires the lease to have ended, within 5s, for reason.
-func requireDone(t *testing.T, l *socketapi.Lease, reason string) {
+func requireDone(t *testing.T, l *client.Lease, reason string) {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -46,14 +46,14 @@ func requireDone(t *testing.T, l *socketapi.Lease, reason string) {
 func TestClientLeaseLost(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	c, _ := ta.typedClient(t, socketapi.HelloOptions{Client: "worker"})
-	admin, _ := ta.typedClient(t, socketapi.HelloOptions{Client: "admin"})
+	c, _ := ta.typedClient(t, client.HelloOptions{Client: "worker"})
+	admin, _ := ta.typedClient(t, client.HelloOptions{Client: "admin"})
 
-	l, err := c.Acquire(ctx, "lost/1", socketapi.AcquireOptions{Meta: "m", TTL: 2 * time.Second})
+	l, err := c.Acquire(ctx, "lost/1", client.AcquireOptions{Meta: "m", TTL: 2 * time.Second})
 	require.NoError(t, err)
 	assert.Equal(t, "lost/1", l.Name)
-	assert.Equal(t, socketapi.ModeExclusive, l.Mode)
-	assert.Equal(t, socketapi.ScopeConnection, l.Scope)
+	assert.Equal(t, client.ModeExclusive, l.Mode)
+	assert.Equal(t, client.ScopeConnection, l.Scope)
 	assert.Equal(t, 2*time.Second, l.TTL)
 	require.NotZero(t, l.Token)
 	held, expiresIn, err := l.Check(ctx)
@@ -67,10 +67,10 @@ func TestClientLeaseLost(t *testing.T) {
 	requireDone(t, l, "broken")
 
 	err = l.Release(ctx)
-	require.ErrorIs(t, err, socketapi.ErrNotHeld)
-	var e *socketapi.Error
+	require.ErrorIs(t, err, client.ErrNotHeld)
+	var e *client.Error
 	require.ErrorAs(t, err, &e)
-	assert.Equal(t, socketapi.CodeNotHeld, e.Code)
+	assert.Equal(t, client.CodeNotHeld, e.Code)
 	assert.Equal(t, "broken", l.Reason(), "a failed release leaves the reason")
 	held, expiresIn, err = l.Check(ctx)
 	require.NoError(t, err)
@@ -95,8 +95,8 @@ func TestClientLeaseLost(t *testing.T) {
 func TestClientReleaseTwice(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	c, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	l, err := c.Acquire(ctx, "rel/1", socketapi.AcquireOptions{})
+	c, _ := ta.typedClient(t, client.HelloOptions{})
+	l, err := c.Acquire(ctx, "rel/1", client.AcquireOptions{})
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	select {
@@ -105,7 +105,7 @@ func TestClientReleaseTwice(t *testing.T) {
 		t.Fatal("Done is not closed when Release returns")
 	}
 	assert.Equal(t, "released", l.Reason())
-	require.ErrorIs(t, l.Release(ctx), socketapi.ErrNotHeld)
+	require.ErrorIs(t, l.Release(ctx), client.ErrNotHeld)
 	assert.Equal(t, "released", l.Reason())
 	in, err := c.Inspect(ctx, "rel/1")
 	require.NoError(t, err)
@@ -117,8 +117,8 @@ func TestClientReleaseTwice(t *testing.T) {
 func TestClientCheckLoses(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	c, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	l, err := c.Acquire(ctx, "chk/1", socketapi.AcquireOptions{})
+	c, _ := ta.typedClient(t, client.HelloOptions{})
+	l, err := c.Acquire(ctx, "chk/1", client.AcquireOptions{})
 	require.NoError(t, err)
 	require.NoError(t, ta.backend.Release(ctx, backend.Lease{Name: l.Name, LeaseID: l.ID, Mode: backend.Exclusive}))
 	held, _, err := l.Check(ctx)
@@ -135,35 +135,32 @@ func TestClientCheckLoses(t *testing.T) {
 // TestClientErrors: refusals are *Error values with their code, matched
 // by the sentinels; a denial is a *NotAcquiredError with the holders.
 func TestClientErrors(t *testing.T) {
-	ta := startAgent(t, func(o *options) { o.agent.Access.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
+	ta := startAgent(t, func(o *options) { o.Agent.Access.AdminUIDs = []uint32{uint32(os.Getuid()) + 1} })
 	ctx := context.Background()
-	a, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	b, _ := ta.typedClient(t, socketapi.HelloOptions{})
+	a, _ := ta.typedClient(t, client.HelloOptions{})
+	b, _ := ta.typedClient(t, client.HelloOptions{})
 
-	held, err := a.Acquire(ctx, "e/1", socketapi.AcquireOptions{Meta: "first"})
+	held, err := a.Acquire(ctx, "e/1", client.AcquireOptions{Meta: "first"})
 	require.NoError(t, err)
 
-	_, err = a.Acquire(ctx, "e/1", socketapi.AcquireOptions{Mode: socketapi.ModeShared})
-	require.ErrorIs(t, err, socketapi.ErrAlreadyHeld)
-	assert.NotErrorIs(t, err, socketapi.ErrNotHeld)
-	var e *socketapi.Error
+	_, err = a.Acquire(ctx, "e/1", client.AcquireOptions{Mode: client.ModeShared})
+	require.ErrorIs(t, err, client.ErrAlreadyHeld)
+	assert.NotErrorIs(t, err, client.ErrNotHeld)
+	var e *client.Error
 	require.ErrorAs(t, err, &e)
-	var existing struct {
-		Lease string `json:"lease"`
-	}
-	require.NoError(t, json.Unmarshal(e.Lease, &existing))
-	assert.Equal(t, held.ID, existing.Lease, "already_held carries the existing lease")
+	require.NotNil(t, e.Lease)
+	assert.Equal(t, held.LeaseInfo, *e.Lease, "already_held carries the existing lease")
 
 	for _, tc := range []struct {
 		name string
-		opts socketapi.AcquireOptions
+		opts client.AcquireOptions
 		code string
 	}{
-		{"bad name", socketapi.AcquireOptions{}, socketapi.CodeInvalidName},
-		{"", socketapi.AcquireOptions{}, socketapi.CodeInvalidName},
-		{"e/2", socketapi.AcquireOptions{Limit: 2}, socketapi.CodeInvalidArgument},
-		{"e/2", socketapi.AcquireOptions{Mode: "both"}, socketapi.CodeInvalidArgument},
-		{"e/2", socketapi.AcquireOptions{TTL: time.Millisecond}, socketapi.CodeInvalidArgument},
+		{"bad name", client.AcquireOptions{}, client.CodeInvalidName},
+		{"", client.AcquireOptions{}, client.CodeInvalidName},
+		{"e/2", client.AcquireOptions{Limit: 2}, client.CodeInvalidArgument},
+		{"e/2", client.AcquireOptions{Mode: "both"}, client.CodeInvalidArgument},
+		{"e/2", client.AcquireOptions{TTL: time.Millisecond}, client.CodeInvalidArgument},
 	} {
 		_, err := a.Acquire(ctx, tc.name, tc.opts)
 		require.ErrorAs(t, err, &e, "%q %+v", tc.name, tc.opts)
@@ -172,21 +169,21 @@ func TestClientErrors(t *testing.T) {
 	}
 
 	_, err = a.Break(ctx, "e/1")
-	require.ErrorIs(t, err, socketapi.ErrPermissionDenied, "break by a peer that is not an admin")
+	require.ErrorIs(t, err, client.ErrPermissionDenied, "break by a peer that is not an admin")
 
-	_, err = b.Acquire(ctx, "e/1", socketapi.AcquireOptions{})
-	require.ErrorIs(t, err, socketapi.ErrNotAcquired)
-	var denied *socketapi.NotAcquiredError
+	_, err = b.Acquire(ctx, "e/1", client.AcquireOptions{})
+	require.ErrorIs(t, err, client.ErrNotAcquired)
+	var denied *client.NotAcquiredError
 	require.ErrorAs(t, err, &denied)
 	assert.Equal(t, "e/1", denied.Name)
 	assert.Equal(t, "held", denied.Reason)
 	require.Len(t, denied.Holders, 1)
-	assert.Equal(t, socketapi.Holder{Mode: socketapi.ModeExclusive, Token: held.Token, Meta: "first", Host: "testhost",
+	assert.Equal(t, client.Holder{Mode: client.ModeExclusive, Token: held.Token, Meta: "first", Host: "testhost",
 		ExpiresIn: denied.Holders[0].ExpiresIn}, denied.Holders[0])
 	assert.Positive(t, denied.Holders[0].ExpiresIn)
-	assert.Equal(t, "socketapi: e/1 not acquired: held", err.Error())
+	assert.Equal(t, "client: e/1 not acquired: held", err.Error())
 
-	_, err = b.Acquire(ctx, "e/1", socketapi.AcquireOptions{Wait: 20 * time.Millisecond})
+	_, err = b.Acquire(ctx, "e/1", client.AcquireOptions{Wait: 20 * time.Millisecond})
 	require.ErrorAs(t, err, &denied)
 	assert.Equal(t, "timeout", denied.Reason)
 }
@@ -195,15 +192,15 @@ func TestClientErrors(t *testing.T) {
 func TestClientInspect(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	a, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	b, _ := ta.typedClient(t, socketapi.HelloOptions{})
+	a, _ := ta.typedClient(t, client.HelloOptions{})
+	b, _ := ta.typedClient(t, client.HelloOptions{})
 	require.NoError(t, a.Ping(ctx))
 
 	in, err := a.Inspect(ctx, "i/1")
 	require.NoError(t, err)
-	assert.Equal(t, &socketapi.Inspection{Holders: []socketapi.Holder{}}, in)
+	assert.Equal(t, &client.Inspection{Holders: []client.Holder{}}, in)
 
-	shared := socketapi.AcquireOptions{Mode: socketapi.ModeShared, Meta: "reader"}
+	shared := client.AcquireOptions{Mode: client.ModeShared, Meta: "reader"}
 	la, err := a.Acquire(ctx, "i/1", shared)
 	require.NoError(t, err)
 	lb, err := b.Acquire(ctx, "i/1", shared)
@@ -211,7 +208,7 @@ func TestClientInspect(t *testing.T) {
 	in, err = a.Inspect(ctx, "i/1")
 	require.NoError(t, err)
 	assert.True(t, in.Locked)
-	assert.Equal(t, socketapi.ModeShared, in.Mode)
+	assert.Equal(t, client.ModeShared, in.Mode)
 	require.Len(t, in.Holders, 2)
 	assert.Equal(t, []uint64{la.Token, lb.Token}, []uint64{in.Holders[0].Token, in.Holders[1].Token})
 	assert.Equal(t, lb.Token, in.LastToken)
@@ -223,20 +220,20 @@ func TestClientInspect(t *testing.T) {
 func TestClientHelloResume(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	c1, s := ta.typedClient(t, socketapi.HelloOptions{Client: "app", SessionTTL: time.Minute, Heartbeat: 10 * time.Second})
+	c1, s := ta.typedClient(t, client.HelloOptions{Client: "app", SessionTTL: time.Minute, Heartbeat: 10 * time.Second})
 	require.NotEmpty(t, s.ID)
 	require.NotEmpty(t, s.ResumeToken)
 	assert.False(t, s.Resumed)
-	assert.Equal(t, socketapi.AgentInfo{Version: "test", Backend: "memory", MaxLineBytes: 65536,
+	assert.Equal(t, client.AgentInfo{Version: "test", Backend: "memory", MaxLineBytes: 65536,
 		DefaultTTL: 15 * time.Second, MinTTL: time.Second, MaxTTL: 24 * time.Hour}, s.Agent)
 
-	l, err := c1.Acquire(ctx, "res/1", socketapi.AcquireOptions{Scope: socketapi.ScopeSession})
+	l, err := c1.Acquire(ctx, "res/1", client.AcquireOptions{Scope: client.ScopeSession})
 	require.NoError(t, err)
 	require.NoError(t, c1.Close())
 	assert.Equal(t, "connection closed", l.Reason())
 
 	// While the session waits to be resumed, its lease is broken.
-	admin, _ := ta.typedClient(t, socketapi.HelloOptions{})
+	admin, _ := ta.typedClient(t, client.HelloOptions{})
 	require.Eventually(t, func() bool {
 		var r struct {
 			Sessions []struct {
@@ -255,7 +252,7 @@ func TestClientHelloResume(t *testing.T) {
 	_, err = admin.Break(ctx, "res/1")
 	require.NoError(t, err)
 
-	c2, s2 := ta.typedClient(t, socketapi.HelloOptions{Resume: s})
+	c2, s2 := ta.typedClient(t, client.HelloOptions{Resume: s})
 	assert.True(t, s2.Resumed)
 	assert.Equal(t, s.ID, s2.ID)
 	assert.Equal(t, s.ResumeToken, s2.ResumeToken)
@@ -266,11 +263,11 @@ func TestClientHelloResume(t *testing.T) {
 
 	bad := *s
 	bad.ResumeToken = "nope"
-	c3, err := socketapi.Dial(ctx, ta.path)
+	c3, err := client.Dial(ctx, ta.path)
 	require.NoError(t, err)
 	defer c3.Close()
-	_, err = c3.Hello(ctx, socketapi.HelloOptions{Resume: &bad})
-	require.ErrorIs(t, err, socketapi.ErrSessionExpired)
+	_, err = c3.Hello(ctx, client.HelloOptions{Resume: &bad})
+	require.ErrorIs(t, err, client.ErrSessionExpired)
 }
 
 // TestClientAcquireContext: the end of ctx cancels a waiting acquire in
@@ -278,15 +275,15 @@ func TestClientHelloResume(t *testing.T) {
 func TestClientAcquireContext(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	holder, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	waiter, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	first, err := holder.Acquire(ctx, "ctx/1", socketapi.AcquireOptions{})
+	holder, _ := ta.typedClient(t, client.HelloOptions{})
+	waiter, _ := ta.typedClient(t, client.HelloOptions{})
+	first, err := holder.Acquire(ctx, "ctx/1", client.AcquireOptions{})
 	require.NoError(t, err)
 
 	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := waiter.Acquire(short, "ctx/1", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+		_, err := waiter.Acquire(short, "ctx/1", client.AcquireOptions{Wait: client.WaitForever})
 		errc <- err
 	}()
 	waitQueued(t, holder, "ctx/1", 1)
@@ -294,10 +291,10 @@ func TestClientAcquireContext(t *testing.T) {
 	require.ErrorIs(t, <-errc, context.Canceled)
 	waitQueued(t, holder, "ctx/1", 0)
 
-	_, err = waiter.Acquire(ctx, "ctx/1", socketapi.AcquireOptions{})
-	require.ErrorIs(t, err, socketapi.ErrNotAcquired, "a try, not refused as already in progress")
+	_, err = waiter.Acquire(ctx, "ctx/1", client.AcquireOptions{})
+	require.ErrorIs(t, err, client.ErrNotAcquired, "a try, not refused as already in progress")
 	require.NoError(t, first.Release(ctx))
-	second, err := waiter.Acquire(ctx, "ctx/1", socketapi.AcquireOptions{Wait: 5 * time.Second})
+	second, err := waiter.Acquire(ctx, "ctx/1", client.AcquireOptions{Wait: 5 * time.Second})
 	require.NoError(t, err)
 	assert.Greater(t, second.Token, first.Token)
 }
@@ -308,22 +305,22 @@ func TestClientAcquireContext(t *testing.T) {
 func TestClientConnectionEnds(t *testing.T) {
 	ta := startAgent(t)
 	ctx := context.Background()
-	c, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	l, err := c.Acquire(ctx, "end/1", socketapi.AcquireOptions{})
+	c, _ := ta.typedClient(t, client.HelloOptions{})
+	l, err := c.Acquire(ctx, "end/1", client.AcquireOptions{})
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	assert.Equal(t, "connection closed", l.Reason())
-	require.ErrorIs(t, l.Release(ctx), socketapi.ErrClosed)
-	_, err = c.Acquire(ctx, "end/2", socketapi.AcquireOptions{})
-	require.ErrorIs(t, err, socketapi.ErrClosed)
+	require.ErrorIs(t, l.Release(ctx), client.ErrClosed)
+	_, err = c.Acquire(ctx, "end/2", client.AcquireOptions{})
+	require.ErrorIs(t, err, client.ErrClosed)
 
-	holder, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	waiter, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	l, err = holder.Acquire(ctx, "end/3", socketapi.AcquireOptions{})
+	holder, _ := ta.typedClient(t, client.HelloOptions{})
+	waiter, _ := ta.typedClient(t, client.HelloOptions{})
+	l, err = holder.Acquire(ctx, "end/3", client.AcquireOptions{})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := waiter.Acquire(ctx, "end/3", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+		_, err := waiter.Acquire(ctx, "end/3", client.AcquireOptions{Wait: client.WaitForever})
 		errc <- err
 	}()
 	waitQueued(t, holder, "end/3", 1)
@@ -338,8 +335,8 @@ func TestClientUnreadEventsAreDropped(t *testing.T) {
 	ta := startAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, _ := ta.typedClient(t, socketapi.HelloOptions{})
-	admin, _ := ta.typedClient(t, socketapi.HelloOptions{})
+	c, _ := ta.typedClient(t, client.HelloOptions{})
+	admin, _ := ta.typedClient(t, client.HelloOptions{})
 	const events = 1100 // more than the client holds
 	for i := range events {
 		name := fmt.Sprintf("drop/%d", i)
@@ -405,10 +402,10 @@ func (p *scripted) send(format string, args ...any) {
 
 // dialScripted connects a client to a scripted agent and returns both
 // ends; the client is closed at the end of the test.
-func dialScripted(t *testing.T) (*socketapi.Client, *scripted) {
+func dialScripted(t *testing.T) (*client.Client, *scripted) {
 	t.Helper()
 	path, accept := startScripted(t)
-	c, err := socketapi.Dial(context.Background(), path)
+	c, err := client.Dial(context.Background(), path)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, accept()
@@ -435,33 +432,33 @@ func TestClientLongAnswer(t *testing.T) {
 // carry that reason, also a call whose write found the connection closed.
 func TestClientCloseReason(t *testing.T) {
 	ta := startAgent(t, func(o *options) {
-		o.server.MaxConnsPerUID = 1
-		o.server.MaxLineBytes = 1024
+		o.Server.MaxConnsPerUID = 1
+		o.Server.MaxLineBytes = 1024
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first, err := socketapi.Dial(ctx, ta.path)
+	first, err := client.Dial(ctx, ta.path)
 	require.NoError(t, err)
 	defer first.Close()
 	require.NoError(t, first.Ping(ctx))
 
 	t.Run("a limit", func(t *testing.T) {
-		c, err := socketapi.Dial(ctx, ta.path)
+		c, err := client.Dial(ctx, ta.path)
 		require.NoError(t, err)
 		defer c.Close()
 		// The ping's write may find the connection closed, or not yet.
 		err = c.Ping(ctx)
-		require.ErrorIs(t, err, socketapi.ErrLimitExceeded)
-		require.ErrorIs(t, err, socketapi.ErrClosed)
+		require.ErrorIs(t, err, client.ErrLimitExceeded)
+		require.ErrorIs(t, err, client.ErrClosed)
 		require.ErrorContains(t, err, "too many connections")
 	})
 
 	t.Run("a line too long", func(t *testing.T) {
 		_, err := first.Inspect(ctx, strings.Repeat("n", 2000))
-		var se *socketapi.Error
+		var se *client.Error
 		require.ErrorAs(t, err, &se)
-		require.Equal(t, socketapi.CodeLineTooLong, se.Code, "%v", err)
-		require.ErrorIs(t, err, socketapi.ErrClosed)
+		require.Equal(t, client.CodeLineTooLong, se.Code, "%v", err)
+		require.ErrorIs(t, err, client.ErrClosed)
 	})
 }
 
@@ -475,7 +472,7 @@ func TestClientAbandonedGrant(t *testing.T) {
 	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(short, "ab/1", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+		_, err := c.Acquire(short, "ab/1", client.AcquireOptions{Wait: client.WaitForever})
 		errc <- err
 	}()
 	acq := p.expect("acquire")
@@ -485,12 +482,12 @@ func TestClientAbandonedGrant(t *testing.T) {
 	assert.Equal(t, acq["id"], p.expect("cancel")["target"], "the cancel names the acquire")
 
 	type result struct {
-		l   *socketapi.Lease
+		l   *client.Lease
 		err error
 	}
 	next := make(chan result, 1)
 	go func() {
-		l, err := c.Acquire(ctx, "ab/1", socketapi.AcquireOptions{})
+		l, err := c.Acquire(ctx, "ab/1", client.AcquireOptions{})
 		next <- result{l, err}
 	}()
 	p.silent(100 * time.Millisecond)
@@ -517,7 +514,7 @@ func TestClientAbandonedCampaign(t *testing.T) {
 	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c.Campaign(short, "ac/1", socketapi.CampaignOptions{})
+		_, err := c.Campaign(short, "ac/1", client.CampaignOptions{})
 		errc <- err
 	}()
 	camp := p.expect("campaign")
@@ -534,9 +531,9 @@ func TestClientAbandonedResign(t *testing.T) {
 	c, p := dialScripted(t)
 	ctx := context.Background()
 
-	cpc := make(chan *socketapi.Campaign, 1)
+	cpc := make(chan *client.Campaign, 1)
 	go func() {
-		cp, err := c.Campaign(ctx, "ar/1", socketapi.CampaignOptions{})
+		cp, err := c.Campaign(ctx, "ar/1", client.CampaignOptions{})
 		assert.NoError(t, err)
 		cpc <- cp
 	}()
@@ -573,7 +570,7 @@ func TestClientLateGrantOnAClosedConnection(t *testing.T) {
 	short, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(short, "late/1", socketapi.AcquireOptions{Wait: socketapi.WaitForever})
+		_, err := c.Acquire(short, "late/1", client.AcquireOptions{Wait: client.WaitForever})
 		errc <- err
 	}()
 	acq := p.expect("acquire")
