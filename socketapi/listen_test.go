@@ -1,9 +1,11 @@
 package socketapi
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
+	"github.com/lockagent/lockagent/internal/lockfile"
 	"github.com/lockagent/lockagent/internal/socketpath"
 )
 
@@ -64,6 +67,8 @@ func TestActivatedServesTheSocketAndLeavesIt(t *testing.T) {
 	after, err := os.Lstat(path)
 	require.NoError(t, err, "closing the listener must not unlink the unit's socket")
 	require.True(t, os.SameFile(before, after), "the socket file was replaced")
+	_, err = os.Lstat(path + ".lock")
+	require.ErrorIs(t, err, os.ErrNotExist, "the unit's socket takes no lock file")
 }
 
 // TestActivatedNone: without a socket handed over, the agent listens itself.
@@ -174,4 +179,136 @@ func TestPrivateSocketDir(t *testing.T) {
 	require.NoError(t, os.Mkdir(elsewhere, 0o700))
 	require.NoError(t, os.Symlink(elsewhere, dir))
 	refused("a link")
+}
+
+// TestListenRacing: Listen calls racing on one path, with and without a
+// stale socket left there, never both serve it. Between one's bind and
+// its listen, its socket refuses connections as a dead agent's does; the
+// lock on the path keeps the others from taking that for a stale socket.
+func TestListenRacing(t *testing.T) {
+	const rounds, racers = 200, 3
+	path := filepath.Join(shortDir(t), "s")
+	for round := range rounds {
+		if round%2 == 1 {
+			leaveStaleSocket(t, path)
+		}
+		start := make(chan struct{})
+		lns := make([]*Listener, racers)
+		errs := make([]error, racers)
+		var wg sync.WaitGroup
+		for i := range racers {
+			wg.Go(func() {
+				<-start
+				lns[i], errs[i] = Listen(path, 0o600, "")
+			})
+		}
+		close(start)
+		wg.Wait()
+		var serving []*Listener
+		for i, ln := range lns {
+			if errs[i] != nil {
+				require.ErrorIs(t, errs[i], ErrInUse, "round %d", round)
+				continue
+			}
+			serving = append(serving, ln)
+		}
+		for _, ln := range serving {
+			ln.Close()
+		}
+		require.Len(t, serving, 1, "round %d: listeners serving %s", round, path)
+		_, err := os.Lstat(path)
+		require.ErrorIs(t, err, os.ErrNotExist, "round %d: the socket file is removed on close", round)
+	}
+}
+
+// TestListenLeavesASocketWhileLocked: a socket nobody listens on is stale
+// only if no agent holds the path's lock. One that does may be between its
+// bind and its listen: its socket is left as it is, and Listen says the
+// path is in use, and by whom.
+func TestListenLeavesASocketWhileLocked(t *testing.T) {
+	path := filepath.Join(shortDir(t), "s")
+	leaveStaleSocket(t, path)
+	before, err := os.Lstat(path)
+	require.NoError(t, err)
+	other, err := lockfile.Acquire(path + ".lock")
+	require.NoError(t, err)
+
+	ln, err := Listen(path, 0o600, "")
+	require.Nil(t, ln)
+	require.ErrorIs(t, err, ErrInUse)
+	require.ErrorContains(t, err, fmt.Sprintf("%s.lock is held by pid %d", path, os.Getpid()))
+	after, err := os.Lstat(path)
+	require.NoError(t, err, "the socket was removed")
+	require.True(t, os.SameFile(before, after), "the socket was replaced")
+
+	// Once nobody holds the lock, the socket is a dead agent's.
+	require.NoError(t, other.Release())
+	ln, err = Listen(path, 0o600, "")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.DialTimeout("unix", path, time.Second)
+	require.NoError(t, err, "the stale socket is replaced")
+	c.Close()
+}
+
+// TestListenerCloseLeavesAnotherSocket: a listener closing removes its own
+// socket file only; one that replaced it (made by a process that takes no
+// lock) stays. The lock is released all the same.
+func TestListenerCloseLeavesAnotherSocket(t *testing.T) {
+	path := filepath.Join(shortDir(t), "s")
+	ln, err := Listen(path, 0o600, "")
+	require.NoError(t, err)
+
+	require.NoError(t, os.Remove(path))
+	theirs, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	require.NoError(t, err)
+	defer theirs.Close()
+	before, err := os.Lstat(path)
+	require.NoError(t, err)
+
+	require.NoError(t, ln.Close())
+	after, err := os.Lstat(path)
+	require.NoError(t, err, "closing removed another's socket")
+	require.True(t, os.SameFile(before, after))
+	c, err := net.DialTimeout("unix", path, time.Second)
+	require.NoError(t, err, "the other socket answers")
+	c.Close()
+
+	l, err := lockfile.Acquire(path + ".lock")
+	require.NoError(t, err, "the lock was not released")
+	l.Release()
+}
+
+// TestListenerLockFile: the lock file beside the socket is the agent's
+// user's, mode 0600, and stays after the listener closes; a link there is
+// refused, and its target left alone.
+func TestListenerLockFile(t *testing.T) {
+	path := filepath.Join(shortDir(t), "s")
+	ln, err := Listen(path, 0o660, "")
+	require.NoError(t, err)
+	require.NoError(t, ln.Close())
+	fi, err := os.Lstat(path + ".lock")
+	require.NoError(t, err, "the lock file stays")
+	require.Equal(t, os.FileMode(0o600), fi.Mode())
+	require.Equal(t, uint32(os.Geteuid()), fi.Sys().(*syscall.Stat_t).Uid)
+
+	require.NoError(t, os.Remove(path+".lock"))
+	target := filepath.Join(filepath.Dir(path), "target")
+	require.NoError(t, os.Symlink(target, path+".lock"))
+	_, err = Listen(path, 0o660, "")
+	require.ErrorContains(t, err, "is a symbolic link; not following it")
+	_, err = os.Lstat(target)
+	require.ErrorIs(t, err, os.ErrNotExist, "the link was followed")
+	_, err = os.Lstat(path)
+	require.ErrorIs(t, err, os.ErrNotExist, "a socket was bound without the lock")
+}
+
+// leaveStaleSocket leaves at path the socket file of an agent killed with
+// SIGKILL: bound, and served by nobody.
+func leaveStaleSocket(t *testing.T, path string) {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	require.NoError(t, err)
+	ln.SetUnlinkOnClose(false)
+	require.NoError(t, ln.Close())
 }

@@ -108,8 +108,9 @@ const groupCacheTTL = 10 * time.Second
 // accepting, waits for the agent to finish its shutdown (which tells every
 // session and closes its connection), closes what connections remain, and
 // returns nil once every connection's goroutines have finished. The
-// listener is closed (and its socket file removed) when Serve returns.
-func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
+// listener is closed (and the socket file Listen bound removed) when Serve
+// returns.
+func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 	s.setDefaults()
 	idle, err := newIdlePoller(s.AfterIdleBurst)
 	if err != nil {

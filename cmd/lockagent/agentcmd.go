@@ -91,7 +91,9 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 
 	// The socket first: an agent refused because another one serves the
 	// path must not touch that one's state. A socket handed over by
-	// systemd is used as it is.
+	// systemd is used as it is, without the lock Listen takes: the socket
+	// unit owns the path and keeps it listening, so an agent started by
+	// hand on it finds it live and is refused.
 	ln, err := socketapi.Activated()
 	if err != nil {
 		return err

@@ -218,6 +218,7 @@ func TestC7_SecondAgentSameSocket(t *testing.T) {
 	second := e.spawn(t)
 	require.Equal(t, 1, second.wait(t, exitTimeout), "the second agent's exit status")
 	require.Contains(t, second.stderr.String(), e.socket, "the error names the socket")
+	require.Contains(t, second.stderr.String(), fmt.Sprintf("socket in use by a live agent (%s.lock is held by pid %d)", e.socket, first.cmd.Process.Pid))
 
 	require.False(t, first.exited(), "the first agent is still running")
 	call(t, app, "ping", nil, nil)

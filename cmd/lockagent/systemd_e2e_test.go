@@ -213,6 +213,12 @@ func TestG3_SocketActivation(t *testing.T) {
 
 	c := dialAgent(t, e.socket, "e2e-g3")
 	mustAcquire(t, c, "g3/a", nil)
+	// The agent takes no lock on the unit's socket; one started by hand
+	// on it finds it live all the same.
+	second := e.spawn(t)
+	require.Equal(t, 1, second.wait(t, exitTimeout), "the second agent's exit status")
+	require.Contains(t, second.stderr.String(), "socket in use by a live agent")
+	call(t, c, "ping", nil, nil)
 	stopAgent(t, a)
 	after, err := os.Lstat(e.socket)
 	require.NoError(t, err, "the agent removed the socket systemd handed over")
