@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/lockfile"
 	"github.com/lockagent/lockagent/internal/peerlog"
 	"github.com/lockagent/lockagent/socketapi"
 )
@@ -109,6 +112,17 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 			log.Warn("the socket systemd handed over is not socket.path; clients looking there will not find the agent", "socket", addr, "socket.path", cfg.Socket.Path)
 		}
 	}
+	// The state directory next, before the backend opens it: the memory
+	// backend's fencing epoch there must have one writer, or two agents
+	// could hand out the same tokens. Other backends keep nothing there.
+	if cfg.Backend.Kind == "memory" {
+		lock, err := lockStateDir(cfg.StateDir)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer lock.Release()
+	}
 	mt, mln, err := listenMetrics(cfg.Metrics.Address)
 	if err != nil {
 		ln.Close()
@@ -184,6 +198,26 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 	wg.Wait()
 	log.Info("stopped")
 	return serveErr
+}
+
+// stateLockFile is the lock file in the state directory.
+const stateLockFile = "agent.lock"
+
+// lockStateDir makes dir, mode 0700, if it is missing, and takes its lock
+// file, which keeps it this agent's until the agent ends.
+func lockStateDir(dir string) (*lockfile.Lock, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state_dir: %w", err)
+	}
+	lock, err := lockfile.Acquire(filepath.Join(dir, stateLockFile))
+	var held *lockfile.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("state_dir %s is in use by another agent: %w", dir, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state_dir %s: %w", dir, err)
+	}
+	return lock, nil
 }
 
 // reload re-reads what can change without a restart: the log level and

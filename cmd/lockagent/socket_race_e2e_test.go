@@ -237,3 +237,40 @@ func socketServer(socket string) (int, error) {
 	}
 	return int(cred.Pid), nil
 }
+
+// TestSecondAgentSameStateDir: an agent on another socket but the state
+// directory of a running one is refused, says which directory and who
+// holds it, and leaves both that agent and the directory's fencing epoch
+// alone.
+func TestSecondAgentSameStateDir(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	first := e.start(t)
+	app := dialAgent(t, e.socket, "e2e-app")
+	l := mustAcquire(t, app, "statedir/x", nil)
+	epoch := filepath.Join(e.stateDir, "epoch")
+	before, err := os.ReadFile(epoch)
+	require.NoError(t, err)
+
+	other := &agentEnv{dir: e.dir, socket: filepath.Join(e.dir, "s2"), stateDir: e.stateDir, config: e.config}
+	second := other.spawn(t)
+	eventually(t, exitTimeout, "the second agent exits or serves", func() bool {
+		return second.exited() || pingOnce(other.socket) == nil
+	})
+	require.True(t, second.exited(), "a second agent serves on the state directory")
+	require.Equal(t, 1, second.wait(t, exitTimeout), "the second agent's exit status")
+	require.Contains(t, second.stderr.String(), fmt.Sprintf("state_dir %s is in use by another agent: %s is held by pid %d",
+		e.stateDir, filepath.Join(e.stateDir, "agent.lock"), first.cmd.Process.Pid))
+	_, err = os.Lstat(other.socket)
+	require.ErrorIs(t, err, os.ErrNotExist, "the refused agent left its socket")
+	after, err := os.ReadFile(epoch)
+	require.NoError(t, err)
+	require.Equal(t, string(before), string(after), "the refused agent moved the fencing epoch")
+
+	require.False(t, first.exited(), "the first agent is still running")
+	require.Greater(t, mustAcquire(t, app, "statedir/y", nil).Token, l.Token)
+
+	// Once the first agent is gone, its state directory is free.
+	stopAgent(t, first)
+	other.start(t)
+}
