@@ -1,10 +1,13 @@
 package main
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -44,5 +47,56 @@ func TestEveryPackageHasADoc(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTestingCatalogue: docs/testing.md names tests that exist, and every
+// test named by a scenario id (TestA1_…) is in it.
+func TestTestingCatalogue(t *testing.T) {
+	root := filepath.Join("..", "..")
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "testing.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`((?:Test|Fuzz|Run)[A-Za-z0-9_]*)`").FindAllStringSubmatch(string(doc), -1) {
+		named[m[1]] = true
+	}
+	defined := map[string]bool{}
+	scenario := regexp.MustCompile(`^Test[A-G][0-9]+_`)
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil {
+				defined[fn.Name.Name] = true
+				if scenario.MatchString(fn.Name.Name) && !named[fn.Name.Name] {
+					t.Errorf("%s (%s) is a scenario's test, and docs/testing.md does not name it", fn.Name.Name, path)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range named {
+		if !defined[name] {
+			t.Errorf("docs/testing.md names %s, which no file defines", name)
+		}
 	}
 }

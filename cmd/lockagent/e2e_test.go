@@ -2,7 +2,7 @@ package main
 
 // End-to-end tests of the lockagent binary: real agent processes, real
 // sockets, real applications killed with SIGKILL. Scenario ids are those of
-// design/testing.md.
+// docs/testing.md.
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 )
 
 // releaseBound is how soon a dropped application's locks must be free
-// (testing.md: "well under 1 s").
+// (docs/testing.md, guarantee 6: "well under a second").
 const releaseBound = time.Second
 
 func TestA1_AppKilledReleasesLocks(t *testing.T) {

@@ -149,7 +149,7 @@ func TestElection(t *testing.T) {
 	}
 	// stops are the SIGSTOPs: a term whose lost event came just after its
 	// agent's SIGCONT ended, as far as anybody can tell, when the stop
-	// began (testing.md C1).
+	// began (docs/testing.md C1).
 	type stopRec struct {
 		agent          int
 		start, resumed int64

@@ -1,7 +1,7 @@
 package main
 
 // Faults between agents and Redis (scenarios A2, B1–B5 and B11 of
-// shared/design/testing.md): real agent processes, one real redis-server,
+// docs/testing.md): real agent processes, one real redis-server,
 // each agent behind its own fault proxy. Times are taken on the test's
 // clock when a response or an event reaches the test, so a grant is seen no
 // earlier, and a loss no later, than the agent made it.

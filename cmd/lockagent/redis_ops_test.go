@@ -778,7 +778,7 @@ func infoField(t *testing.T, info, field string) int {
 // TestC1_AgentStoppedTwiceTTL: the agent is stopped for 2 x TTL while its
 // apps hold leases; another agent's app takes each lock once it expires.
 // The apps, unaware, send requests meanwhile, which wait in their sockets.
-// On SIGCONT the first thing each app reads is `lost` (testing.md C1), in
+// On SIGCONT the first thing each app reads is `lost` (docs/testing.md C1), in
 // particular no answer says that the dead lease is still held (redis.md
 // 7.15), and the stopped agent never renews an old lease: the other
 // holder's key keeps its owner and is renewed by the other agent only.

@@ -18,7 +18,7 @@ import (
 // connection at the heartbeat and releases its leases; the client must see
 // the connection end (its only notice that its connection-scoped locks are
 // gone) before another agent can be granted one of them (promise 3;
-// testing.md A3: "the agent ends the connection after it and releases").
+// docs/docs/testing.md A3: "the agent ends the connection and releases").
 // Releasing first, synchronously, against a backend that does not answer,
 // held the connection open for the release timeout (5 s), long after Redis
 // expired the lease and the name went elsewhere: a client waking up

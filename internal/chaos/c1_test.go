@@ -21,7 +21,7 @@ import (
 // agent is SIGSTOPped longer than its leases' TTL while their clients
 // release them; Redis expires them and another agent grants the names; on
 // SIGCONT the agent must report each lease lost and answer its release
-// not_held (testing.md C1: lost before anything else), never `released:
+// not_held (docs/testing.md C1: lost before anything else), never `released:
 // true`, which tells the client that it held the lock alone until then. The
 // agent's scheduler and the pending releases race after SIGCONT, so several
 // leases are released at once, for several rounds: against 45f9ba3 it

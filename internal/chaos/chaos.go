@@ -1,4 +1,4 @@
-// Package chaos is lockagent's Jepsen-style safety harness (testing.md's
+// Package chaos is lockagent's Jepsen-style safety harness (docs/testing.md's
 // D1). It builds the real agent binary, starts one redis-server and three
 // agent processes, each reaching Redis through its own fault proxy
 // (internal/faultproxy), and drives many client sessions over a few lock
@@ -75,7 +75,7 @@
 // message; -chaos.keep saves them for runs that pass too.
 //
 // One more kind of fault stays out of the deck, so that seeds keep their
-// schedules: an agent starved of CPU (testing.md C6), stopped and run in
+// schedules: an agent starved of CPU (docs/testing.md C6), stopped and run in
 // turns, for moments at a time, for seconds. Config.Starvation makes it
 // the schedule's only kind.
 //
@@ -135,7 +135,7 @@ type Config struct {
 	// counters lose updates: for short replays of a seed.
 	NoTeeth bool
 	// Starvation makes the fault schedule agents starved of CPU alone
-	// (testing.md C6) instead of D1's mix; it needs Faults.
+	// (docs/testing.md C6) instead of D1's mix; it needs Faults.
 	Starvation bool
 }
 

@@ -53,14 +53,14 @@ func TestChaosFaultFree(t *testing.T) {
 	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: 10 * time.Second, KeepArtifacts: *chaosKeep})
 }
 
-// TestChaos is testing.md's D1: the same workload under a seeded schedule
+// TestChaos is docs/testing.md's D1: the same workload under a seeded schedule
 // of faults, checked in lease mode; the unfenced counters must lose
 // updates, the fenced ones none.
 func TestChaos(t *testing.T) {
 	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: *chaosDuration, Faults: true, KeepArtifacts: *chaosKeep})
 }
 
-// TestStarvation is testing.md's C6: the same workload while agents, one
+// TestStarvation is docs/testing.md's C6: the same workload while agents, one
 // at a time, are starved of CPU (see starveAgent). Their renewals go late;
 // a lease or a term whose renewal came too late must be reported lost,
 // never kept: the checkers find any lease another agent was granted while

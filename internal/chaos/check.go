@@ -15,7 +15,7 @@ import (
 // stopGrace is how soon after a SIGCONT a `lost` event counts as the
 // agent's report of a deadline that passed while it was stopped: such a
 // lease may have ended in Redis at any moment of the stop, and its holder
-// could not be told (testing.md C1: the agent reports it before anything
+// could not be told (docs/testing.md C1: the agent reports it before anything
 // else once it runs again). Measured under the race detector, during
 // chaos runs, those reports came 0-7 ms after the SIGCONT of a stop, and
 // up to 46 ms after the end of a starvation; a report later than that is
@@ -151,7 +151,7 @@ func (r *run) check() *Report {
 		// release failed) right after its agent was SIGCONTed, or whose
 		// connection the agent dropped while the client was paused, may
 		// have lost the lease in Redis at any moment since the stop or the
-		// pause began: nobody could tell it (testing.md C1, A3).
+		// pause began: nobody could tell it (docs/testing.md C1, A3).
 		var ends []ending
 		excused := func(observed int64, how string, span1 int64) (ending, bool) {
 			if f := stoppedBefore(stops[op.agent], op.call, observed); f != nil {

@@ -23,7 +23,7 @@ const (
 	longHoldPercent = 20
 	// heartbeat is the heartbeat_ms of half the clients, and pingEvery how
 	// often they ping: such a client paused longer than the heartbeat
-	// loses its connection, and its locks, while it sleeps (testing.md A3).
+	// loses its connection, and its locks, while it sleeps (docs/testing.md A3).
 	heartbeat = time.Second
 	pingEvery = heartbeat / 4
 )

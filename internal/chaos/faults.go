@@ -13,7 +13,7 @@ type faultKind int
 
 const (
 	blackholeShort  faultKind = iota // an agent's Redis link black-holed < TTL
-	blackholeLong                    // ... > TTL (testing.md B1)
+	blackholeLong                    // ... > TTL (docs/testing.md B1)
 	resetLinks                       // an agent's Redis connections reset every 200 ms (B2)
 	slowLink                         // an agent's Redis link slowed by 150-450 ms a round trip (B3)
 	stopShort                        // an agent SIGSTOPped < TTL (C2)
@@ -186,7 +186,7 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 		f.detail = fmt.Sprintf("client %d (on agent %d) to drop its connection at its next update under a lock or a term", w.id, w.agent.idx)
 	case pauseClient:
 		// Among the clients with a heartbeat (the agent keeps the leases
-		// of a silent client without one, testing.md A3), the seed's: it
+		// of a silent client without one, docs/testing.md A3), the seed's: it
 		// pauses at its next update under a lock (or as a leader).
 		f.agent = -1
 		w := pickClient(pick, withHeartbeat(workers), withHeartbeat(candidates))

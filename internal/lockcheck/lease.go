@@ -1,8 +1,8 @@
 package lockcheck
 
 // Lease mode: the checkers of histories recorded under faults, where a
-// holder's lease may end without a release (testing.md, promise 3 and the
-// checker section). A lease's end is recorded as an operation of its own,
+// holder's lease may end without a release (docs/testing.md, guarantee 3 and the
+// checkers). A lease's end is recorded as an operation of its own,
 // an End, spanning the time in which it may have taken effect: around the
 // `lost` event the holder received, or from the moment its connection, its
 // agent or the backend's data died. The model then demands what Strict
