@@ -152,7 +152,8 @@ limits {
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "agent", "-config", cfgPath)
+	cmd := exec.Command(bin, "agent", "-config", cfgPath, "-socket", socket)
+	cmd.Env = agentEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)
@@ -249,4 +250,20 @@ func buildAgent(root, dir string) (string, error) {
 		return "", fmt.Errorf("go build ./cmd/lockagent: %w\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// agentEnv is this process's environment for an agent it starts, without
+// what would point the agent at another socket (LOCKAGENT_SOCKET, which
+// the README has its reader export) or at the host's systemd.
+func agentEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		switch k, _, _ := strings.Cut(kv, "="); k {
+		case "LOCKAGENT_SOCKET", "XDG_RUNTIME_DIR", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+			"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "INVOCATION_ID", "CREDENTIALS_DIRECTORY":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }

@@ -146,26 +146,9 @@ type proc struct {
 	done           chan struct{} // closed once the process has exited and its output is read
 }
 
-// baseEnv is the test's environment without what would point a child at
-// another agent or at the host's systemd.
-func baseEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		switch k, _, _ := strings.Cut(kv, "="); k {
-		case "GORACE", "LOCKAGENT_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
-			"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "INVOCATION_ID", helperEnv:
-			continue
-		}
-		env = append(env, kv)
-	}
-	// A race-enabled binary sleeps a second at exit by default, for its
-	// other threads to finish: far too long for a test that runs it often.
-	gorace := os.Getenv("GORACE")
-	if !strings.Contains(gorace, "atexit_sleep_ms") {
-		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
-	}
-	return append(env, "GORACE="+gorace)
-}
+// baseEnv is the environment of a process the tests start (see
+// agentbin.Env), which is never a helper process unless it says so.
+func baseEnv() []string { return agentbin.Env() }
 
 // startProc starts path with args and env (baseEnv plus extra).
 func startProc(t *testing.T, name string, extraEnv []string, path string, args ...string) *proc {

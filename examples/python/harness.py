@@ -17,8 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 # Variables that would point a child at another agent or at the host's systemd.
-_SCRUBBED = ("LOCKAGENT_SOCKET", "NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID",
-             "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID")
+# What would point a process the tests start at another agent
+# (LOCKAGENT_SOCKET overrides an agent's config, and the README has its
+# reader export it) or at the host's systemd: the tests never depend on the
+# shell they run in.
+_SCRUBBED = ("LOCKAGENT_SOCKET", "XDG_RUNTIME_DIR", "NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS",
+             "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID", "CREDENTIALS_DIRECTORY")
 
 _binary = None
 

@@ -73,3 +73,28 @@ func goTool() string {
 	}
 	return "go"
 }
+
+// Env is the test's environment for a lockagent process it starts, with
+// extra added: without what would point the process at another agent
+// (LOCKAGENT_SOCKET overrides an agent's config, and the README has its
+// reader export it; XDG_RUNTIME_DIR moves the default socket) or at the
+// host's systemd, and with a race detector that does not sleep a second at
+// exit. Tests never depend on the shell they run in.
+func Env(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "LOCKAGENT_"):
+		case k == "GORACE", k == "XDG_RUNTIME_DIR", k == "NOTIFY_SOCKET", k == "WATCHDOG_USEC", k == "WATCHDOG_PID",
+			k == "LISTEN_FDS", k == "LISTEN_PID", k == "LISTEN_FDNAMES", k == "INVOCATION_ID", k == "CREDENTIALS_DIRECTORY":
+		default:
+			env = append(env, kv)
+		}
+	}
+	gorace := os.Getenv("GORACE")
+	if !strings.Contains(gorace, "atexit_sleep_ms") {
+		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
+	}
+	return append(append(env, "GORACE="+gorace), extra...)
+}

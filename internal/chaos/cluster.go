@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/client"
+	"github.com/lockagent/lockagent/internal/agentbin"
 	"github.com/lockagent/lockagent/internal/faultproxy"
 	"github.com/lockagent/lockagent/internal/redistest"
 )
@@ -82,26 +83,6 @@ func startCluster(t *testing.T, bin string, n int) *cluster {
 	return c
 }
 
-// agentEnv is the test's environment without what would point the agent at
-// another socket or at the host's systemd.
-func agentEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		switch k, _, _ := strings.Cut(kv, "="); k {
-		case "GORACE", "LOCKAGENT_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
-			"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "INVOCATION_ID":
-			continue
-		}
-		env = append(env, kv)
-	}
-	// A race-enabled binary sleeps a second at exit by default.
-	gorace := os.Getenv("GORACE")
-	if !strings.Contains(gorace, "atexit_sleep_ms") {
-		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
-	}
-	return append(env, "GORACE="+gorace)
-}
-
 // start starts the agent process and waits until it answers ping.
 func (a *agent) start() error {
 	logf, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -113,7 +94,7 @@ func (a *agent) start() error {
 	a.starts++
 	fmt.Fprintf(logf, "=== chaos: start #%d of agent %d at %s\n", a.starts, a.idx, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(a.bin, "agent", "-config", a.config, "-socket", a.socket)
-	cmd.Env = agentEnv()
+	cmd.Env = agentbin.Env()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If the test binary dies without its cleanups, the agent goes too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -10,7 +10,7 @@ const path = require('node:path');
 const { after, before, describe, test } = require('node:test');
 
 const lockagent = require('../lockagent.js');
-const { Agent, RawConn, waitFor } = require('./harness.js');
+const { Agent, RawConn, cleanEnv, waitFor } = require('./harness.js');
 
 const { connect, LockAgentError, AgentError, ConnectionError, LeaseLostError } = lockagent;
 
@@ -637,7 +637,7 @@ describe('against an agent', () => {
   /** `lockagent ctl` against another socket path of the shared agent. */
   function ctlAt(socket, ...args) {
     return new Promise((resolve, reject) => {
-      execFile(agent.bin, ['ctl', args[0], '-socket', socket, ...args.slice(1)], (err, stdout) => {
+      execFile(agent.bin, ['ctl', args[0], '-socket', socket, ...args.slice(1)], { env: cleanEnv() }, (err, stdout) => {
         if (err) reject(err); else resolve(stdout);
       });
     });

@@ -16,6 +16,24 @@ const repoRoot = path.resolve(__dirname, '..', '..', '..');
 let built;
 
 /**
+ * The test's environment for the processes it starts, with extra set, and
+ * without what would point them at another agent (LOCKAGENT_SOCKET, which
+ * overrides an agent's config, as the README has its reader export it)
+ * or at the host's systemd: the tests never depend on the shell they run
+ * in.
+ */
+function cleanEnv(extra = {}) {
+  const env = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k.startsWith('LOCKAGENT_') && k !== 'LOCKAGENT_BIN') continue;
+    if (['XDG_RUNTIME_DIR', 'NOTIFY_SOCKET', 'INVOCATION_ID', 'LISTEN_FDS', 'LISTEN_PID', 'LISTEN_FDNAMES',
+      'WATCHDOG_USEC', 'WATCHDOG_PID', 'CREDENTIALS_DIRECTORY'].includes(k)) continue;
+    env[k] = v;
+  }
+  return { ...env, ...extra };
+}
+
+/**
  * The lockagent binary: LOCKAGENT_BIN, else built from ./cmd/lockagent once,
  * with the race detector (an agent that reports a race fails: see stop).
  */
@@ -70,7 +88,7 @@ class Agent {
     // A race-detecting agent exits without the detector's second of sleep.
     const proc = spawn(bin, ['agent', '-config', configFile, '-log-level', 'warn'], {
       stdio: ['ignore', 'ignore', 'pipe'],
-      env: { ...process.env, GORACE: 'atexit_sleep_ms=0' },
+      env: cleanEnv({ GORACE: 'atexit_sleep_ms=0' }),
     });
     const agent = new Agent(bin, dir, socket, proc);
     await waitFor(async () => {
@@ -97,7 +115,7 @@ class Agent {
 
   /** Runs `lockagent ctl ARGS...` against this agent; resolves with stdout. */
   async ctl(...args) {
-    const { stdout } = await execFileP(this.bin, ['ctl', args[0], '-socket', this.socket, ...args.slice(1)]);
+    const { stdout } = await execFileP(this.bin, ['ctl', args[0], '-socket', this.socket, ...args.slice(1)], { env: cleanEnv() });
     return stdout;
   }
 
@@ -175,4 +193,4 @@ class RawConn {
   close() { this.sock.destroy(); }
 }
 
-module.exports = { Agent, RawConn, lockagentBin, waitFor, repoRoot };
+module.exports = { Agent, RawConn, cleanEnv, lockagentBin, waitFor, repoRoot };

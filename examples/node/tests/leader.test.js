@@ -8,7 +8,7 @@ const { spawn } = require('node:child_process');
 const path = require('node:path');
 const { after, before, test } = require('node:test');
 
-const { Agent, waitFor } = require('./harness.js');
+const { Agent, cleanEnv, waitFor } = require('./harness.js');
 
 const example = path.join(__dirname, '..', 'leader.js');
 const NAME = 'jobs/report';
@@ -18,7 +18,7 @@ class Instance {
   constructor(socket) {
     this.lines = [];
     this.proc = spawn(process.execPath, [example, NAME, '20'], {
-      env: { ...process.env, LOCKAGENT_SOCKET: socket },
+      env: cleanEnv({ LOCKAGENT_SOCKET: socket }),
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let buf = '';
