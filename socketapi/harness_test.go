@@ -15,7 +15,7 @@ import (
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/agenttest"
+	"github.com/lockagent/lockagent/internal/testkit/agenttest"
 )
 
 func TestMain(m *testing.M) {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // BenchmarkAcquireRelease is an acquire and a release of a free name, the

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // hungCluster is a three-primary Cluster whose first primary is paused

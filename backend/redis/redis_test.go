@@ -21,8 +21,8 @@ import (
 	"github.com/lockagent/lockagent/backend"
 	"github.com/lockagent/lockagent/backend/backendtest"
 	"github.com/lockagent/lockagent/backend/redis"
-	"github.com/lockagent/lockagent/internal/faultproxy"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 
 	goredis "github.com/redis/go-redis/v9"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/backend"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // BenchmarkRenew renews a batch of 1,000 held exclusive leases per op, the

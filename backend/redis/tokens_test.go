@@ -13,7 +13,7 @@ import (
 
 	"github.com/lockagent/lockagent/backend"
 	"github.com/lockagent/lockagent/backend/backendtest"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // tokenPath is one way a script mints a token.

@@ -100,3 +100,41 @@ func TestTestingCatalogue(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutTable: the README's table of the project's layout names every
+// folder that holds a Go package, and nothing that does not exist.
+func TestLayoutTable(t *testing.T) {
+	root := filepath.Join("..", "..")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := strings.SplitN(strings.SplitN(string(readme), "## Project layout", 2)[1], "\n## ", 2)[0]
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([^`]+)/` \\|").FindAllStringSubmatch(section, -1) {
+		listed[m[1]] = true
+		if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
+			t.Errorf("the README's layout names %s/, which does not exist", m[1])
+		}
+	}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		dir, _ := filepath.Rel(root, filepath.Dir(path))
+		if strings.HasSuffix(path, ".go") && dir != "." && !listed[dir] && !listed[strings.SplitN(dir, "/", 2)[0]] {
+			t.Errorf("%s holds Go code, and the README's layout does not name it", dir)
+			listed[dir] = true // once
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -23,7 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
 const (

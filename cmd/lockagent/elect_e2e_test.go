@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/lockcheck"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // election records the terms of every candidate of one name, on one

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/lockcheck"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // queuedFor is how many waiters queue for name in the backend, from

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/internal/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
 // listFlood is the helper process of TestSlowListReaders: as a client of

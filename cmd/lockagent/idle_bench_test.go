@@ -38,7 +38,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockagent/lockagent/internal/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
 const (

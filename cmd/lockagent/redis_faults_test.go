@@ -29,8 +29,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/lockcheck"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // fltCode is the error code of a failed call, or "".

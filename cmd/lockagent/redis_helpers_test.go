@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/faultproxy"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // fleet is several agent processes sharing one real redis-server, each

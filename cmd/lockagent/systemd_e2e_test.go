@@ -18,8 +18,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/internal/faultproxy"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 // watchdogUsec is the watchdog interval the tests give the agent (1s): it

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 // Leader election under the same faults. Some client sessions are

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 // stopGrace is how soon after a SIGCONT a `lost` event counts as the

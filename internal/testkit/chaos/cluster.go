@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/agentbin"
-	"github.com/lockagent/lockagent/internal/faultproxy"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 const (

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/lockagent/lockagent/internal/faultproxy"
-	"github.com/lockagent/lockagent/internal/redistest"
+	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
+	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) {

@@ -1,7 +1,7 @@
 // Package chaos is lockagent's Jepsen-style safety harness (docs/testing.md's
 // D1). It builds the real agent binary, starts one redis-server and three
 // agent processes, each reaching Redis through its own fault proxy
-// (internal/faultproxy), and drives many client sessions over a few lock
+// (internal/testkit/faultproxy), and drives many client sessions over a few lock
 // names while a seeded schedule injects faults. Each client loops: acquire
 // (wait_ms bounded, ttl_ms 1000-2000), then a few updates under the lock
 // (sometimes many, for seconds), each a read-modify-write with a short
@@ -11,7 +11,7 @@
 // or the connection died), with every `lost` event and connection end, and
 // checked afterwards:
 //
-//   - porcupine with a lock model partitioned by name (internal/lockcheck):
+//   - porcupine with a lock model partitioned by name (internal/testkit/lockcheck):
 //     Strict for fault-free runs; Lease under faults, where a lease may end
 //     without a release, but only around its `lost` event or once its
 //     connection, its agent or Redis's data died (or its agent was stopped
@@ -102,7 +102,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 // Config describes a run.

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 // termSpec is a term of a synthetic history, times in milliseconds: its

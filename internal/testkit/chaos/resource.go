@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 // fencedCounter is the resource the clients update through their fencing

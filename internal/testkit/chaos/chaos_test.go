@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/lockagent/lockagent/internal/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
 var (

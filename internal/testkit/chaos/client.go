@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/client"
-	"github.com/lockagent/lockagent/internal/lockcheck"
+	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
 
 const (
