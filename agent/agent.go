@@ -251,7 +251,7 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 // background (see retryRelease); other failures are logged, since the
 // lease will expire there on its own.
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
-	err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
+	err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
 	a.called("release", err)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		return
@@ -301,7 +301,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 			// A try ends with the agent's stop too, so as not to hold up
 			// its shutdown.
 			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
-			err := a.b.Release(ctx, backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode})
+			err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
 			cancel()
 			a.called("release", err)
 			switch {

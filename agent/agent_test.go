@@ -105,7 +105,7 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 	return g, err
 }
 
-func (f *faulty) Release(ctx context.Context, l backend.Lease) error {
+func (f *faulty) Release(ctx context.Context, l backend.LeaseKey) error {
 	f.releaseCalls.Add(1)
 	if f.failRelease.Load() {
 		return fmt.Errorf("release %s: %w", l.Name, backend.ErrUnavailable)
@@ -569,7 +569,7 @@ func TestLeaseGoneFromBackend(t *testing.T) {
 		s, c := openSession(t, a)
 		const ttl = 3 * time.Second
 		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: ttl})
-		require.NoError(t, f.Release(context.Background(), backend.Lease{Name: "n", LeaseID: l.ID}))
+		require.NoError(t, f.Release(context.Background(), backend.LeaseKey{Name: "n", LeaseID: l.ID}))
 		deleted := time.Now()
 
 		time.Sleep(ttl)

@@ -445,7 +445,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 	sent := time.Now()
 	for i, l := range batch {
 		// Fields set when the lease is granted, and never changed.
-		reqs[i] = backend.RenewRequest{Lease: backend.Lease{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
+		reqs[i] = backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	errs := a.b.Renew(rctx, reqs)

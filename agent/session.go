@@ -484,7 +484,7 @@ func (s *Session) Break(ctx context.Context, name string) (n int, err error) {
 			a.dropLost(l, ReasonBroken)
 		}
 		a.mu.Unlock()
-		err := a.b.Release(ctx, backend.Lease{Name: name, LeaseID: h.LeaseID, Mode: h.Mode})
+		err := a.b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: h.LeaseID, Mode: h.Mode})
 		a.called("release", err)
 		switch {
 		case err == nil:

@@ -153,8 +153,9 @@ func (e *HeldError) Error() string { return fmt.Sprintf("%v (retry in %v)", ErrH
 // Unwrap lets errors.Is match ErrHeld.
 func (e *HeldError) Unwrap() error { return ErrHeld }
 
-// Lease identifies one grant to renew or release.
-type Lease struct {
+// LeaseKey identifies one grant, to renew or release: the name, the lease
+// id that owns it, and its mode.
+type LeaseKey struct {
 	Name    string
 	LeaseID string
 	Mode    Mode
@@ -162,7 +163,7 @@ type Lease struct {
 
 // RenewRequest extends one lease by TTL from the time the backend applies it.
 type RenewRequest struct {
-	Lease
+	LeaseKey
 	TTL time.Duration
 }
 
@@ -203,7 +204,7 @@ type Backend interface {
 	// A backend that can block bounds a release whose ctx has no
 	// deadline, cheaply: the agent's releases outlive the requests that
 	// ask for them, and it sets no deadline of its own on the hot path.
-	Release(ctx context.Context, l Lease) error
+	Release(ctx context.Context, l LeaseKey) error
 	// Inspect reports the live holders of a name and its last token.
 	Inspect(ctx context.Context, name string) (LockInfo, error)
 	// Leave takes a ticket out of the name's queue, waking the waiters

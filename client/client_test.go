@@ -120,7 +120,7 @@ func TestClientCheckLoses(t *testing.T) {
 	c, _ := ta.typedClient(t, client.HelloOptions{})
 	l, err := c.Acquire(ctx, "chk/1", client.AcquireOptions{})
 	require.NoError(t, err)
-	require.NoError(t, ta.backend.Release(ctx, backend.Lease{Name: l.Name, LeaseID: l.ID, Mode: backend.Exclusive}))
+	require.NoError(t, ta.backend.Release(ctx, backend.LeaseKey{Name: l.Name, LeaseID: l.ID, Mode: backend.Exclusive}))
 	held, _, err := l.Check(ctx)
 	require.NoError(t, err)
 	assert.False(t, held)

@@ -142,7 +142,7 @@ type slowRelease struct {
 	unblock chan struct{}
 }
 
-func (s *slowRelease) Release(ctx context.Context, l backend.Lease) error {
+func (s *slowRelease) Release(ctx context.Context, l backend.LeaseKey) error {
 	if s.hang.Load() {
 		select {
 		case <-ctx.Done():

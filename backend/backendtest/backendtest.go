@@ -116,7 +116,7 @@ func RunExhausted(t *testing.T, open func(t *testing.T) (b backend.Backend, exha
 		req := held[mode]
 		require.Equal(t, tokens[mode], mustAcquire(t, b, req), "%v: a repeated grant", mode)
 		mustDeny(t, b, request(req.Name, "c", backend.Exclusive))
-		for _, err := range b.Renew(ctx, []backend.RenewRequest{{Lease: lease(req), TTL: ttl}}) {
+		for _, err := range b.Renew(ctx, []backend.RenewRequest{{LeaseKey: lease(req), TTL: ttl}}) {
 			require.NoError(t, err, "%v renewal", mode)
 		}
 		mustRelease(t, b, lease(req))
@@ -132,8 +132,8 @@ func request(name, lease string, mode backend.Mode) backend.AcquireRequest {
 }
 
 // lease is the lease that req asks for.
-func lease(req backend.AcquireRequest) backend.Lease {
-	return backend.Lease{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}
+func lease(req backend.AcquireRequest) backend.LeaseKey {
+	return backend.LeaseKey{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}
 }
 
 // mustAcquire requires req to be granted and returns a valid token.
@@ -158,7 +158,7 @@ func mustDeny(t *testing.T, b backend.Backend, req backend.AcquireRequest) time.
 	return held.RetryIn
 }
 
-func mustRelease(t *testing.T, b backend.Backend, l backend.Lease) {
+func mustRelease(t *testing.T, b backend.Backend, l backend.LeaseKey) {
 	t.Helper()
 	require.NoError(t, b.Release(t.Context(), l), "release %s by %s", l.Name, l.LeaseID)
 }
@@ -389,11 +389,11 @@ func testLeaseIDInOtherMode(t *testing.T, b backend.Backend) {
 
 func testTokensIncrease(t *testing.T, b backend.Backend) {
 	last := map[string]uint64{}
-	next := func(name, id string, mode backend.Mode) backend.Lease {
+	next := func(name, id string, mode backend.Mode) backend.LeaseKey {
 		tok := mustAcquire(t, b, request(name, id, mode))
 		require.Greater(t, tok, last[name], "token of %s after %d", name, last[name])
 		last[name] = tok
-		return backend.Lease{Name: name, LeaseID: id, Mode: mode}
+		return backend.LeaseKey{Name: name, LeaseID: id, Mode: mode}
 	}
 	for i := range 20 {
 		for _, name := range []string{"tok/a", "tok/b"} {
@@ -422,7 +422,7 @@ func testReleaseNotHeld(t *testing.T, b backend.Backend) {
 			if mode == backend.Shared {
 				other = backend.Exclusive
 			}
-			for _, l := range []backend.Lease{
+			for _, l := range []backend.LeaseKey{
 				{Name: name, LeaseID: "nobody", Mode: mode}, // a non-owner
 				{Name: name, LeaseID: "a", Mode: other},     // the owner, in the wrong mode
 				{Name: "rel/never", LeaseID: "a", Mode: mode},
@@ -456,29 +456,29 @@ func testRenewBatch(t *testing.T, b backend.Backend) {
 	wait()
 
 	batch := []struct {
-		backend.Lease
+		backend.LeaseKey
 		ttl     time.Duration
 		renewed bool
 	}{
 		{lease(good1), 2 * ttl, true},
-		{backend.Lease{Name: "ren/a", LeaseID: "nobody", Mode: backend.Exclusive}, time.Hour, false}, // foreign
+		{backend.LeaseKey{Name: "ren/a", LeaseID: "nobody", Mode: backend.Exclusive}, time.Hour, false}, // foreign
 		{lease(released), ttl, false},
 		{lease(good2), 2 * ttl, true},
 		{lease(expired), ttl, false},
-		{backend.Lease{Name: "ren/d", LeaseID: "d", Mode: backend.Exclusive}, time.Hour, false}, // wrong mode
-		{backend.Lease{Name: "ren/never", LeaseID: "a", Mode: backend.Exclusive}, ttl, false},
+		{backend.LeaseKey{Name: "ren/d", LeaseID: "d", Mode: backend.Exclusive}, time.Hour, false}, // wrong mode
+		{backend.LeaseKey{Name: "ren/never", LeaseID: "a", Mode: backend.Exclusive}, ttl, false},
 	}
 	reqs := make([]backend.RenewRequest, len(batch))
 	for i, r := range batch {
-		reqs[i] = backend.RenewRequest{Lease: r.Lease, TTL: r.ttl}
+		reqs[i] = backend.RenewRequest{LeaseKey: r.LeaseKey, TTL: r.ttl}
 	}
 	errs := b.Renew(t.Context(), reqs)
 	require.Len(t, errs, len(reqs))
 	for i, r := range batch {
 		if r.renewed {
-			require.NoError(t, errs[i], "renew %d: %+v", i, r.Lease)
+			require.NoError(t, errs[i], "renew %d: %+v", i, r.LeaseKey)
 		} else {
-			require.ErrorIs(t, errs[i], backend.ErrNotHeld, "renew %d: %+v", i, r.Lease)
+			require.ErrorIs(t, errs[i], backend.ErrNotHeld, "renew %d: %+v", i, r.LeaseKey)
 		}
 	}
 	require.Empty(t, b.Renew(t.Context(), nil))
@@ -493,7 +493,7 @@ func testRenewBatch(t *testing.T, b backend.Backend) {
 	}
 	// The expired lease was not resurrected.
 	requireHolders(t, b, "ren/c", map[string]uint64{"c2": tAlive})
-	errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(expired), TTL: ttl}})
+	errs = b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(expired), TTL: ttl}})
 	require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after a failed renew")
 }
 
@@ -514,14 +514,14 @@ func testExpiryFreesName(t *testing.T, b backend.Backend) {
 
 			// Neither a release nor a renewal brings an expired lease back.
 			require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrNotHeld, "release after expiry")
-			errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+			errs := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}})
 			require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after expiry")
 			require.Empty(t, mustInspect(t, b, name).Holders)
 
 			c := request(name, "c", backend.Exclusive)
 			tc := mustAcquire(t, b, c)
 			require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrNotHeld, "release after takeover")
-			errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+			errs = b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}})
 			require.ErrorIs(t, errs[0], backend.ErrNotHeld, "renew after takeover")
 			requireHolders(t, b, name, map[string]uint64{"c": tc})
 		})
@@ -532,7 +532,7 @@ func testRenewKeepsAlive(t *testing.T, b backend.Backend) {
 	const name = "alive"
 	a := request(name, "a", backend.Exclusive)
 	_, wait := expireSoon(t, b, a)
-	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}})
 	require.NoError(t, errs[0], "renew")
 	wait()
 
@@ -542,7 +542,7 @@ func testRenewKeepsAlive(t *testing.T, b backend.Backend) {
 	require.Equal(t, "a", info.Holders[0].LeaseID)
 	require.Greater(t, info.Holders[0].ExpiresIn, ttl/2)
 	mustDeny(t, b, request(name, "c", backend.Exclusive))
-	errs = b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	errs = b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}})
 	require.NoError(t, errs[0], "renew")
 	mustRelease(t, b, lease(a))
 }
@@ -566,7 +566,7 @@ func testRenewTakenOver(t *testing.T, b backend.Backend) {
 			_, wait := expireSoon(t, b, old)
 			wait()
 			mustAcquire(t, b, request(name, "taker", tc.taker))
-			err := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(old), TTL: ttl}})[0]
+			err := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(old), TTL: ttl}})[0]
 			require.ErrorIs(t, err, backend.ErrNotHeld)
 			assert.Equal(t, tc.takenOver, errors.Is(err, backend.ErrTakenOver), "%v", err)
 			requireHolders(t, b, name, map[string]uint64{"taker": mustInspect(t, b, name).Holders[0].Token})
@@ -771,7 +771,7 @@ func testCanceledContext(t *testing.T, b backend.Backend) {
 
 	_, err := b.Acquire(ctx, request("ctx/b", "b", backend.Exclusive))
 	require.ErrorIs(t, err, context.Canceled, "acquire")
-	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: lease(a), TTL: ttl}, {Lease: lease(a), TTL: ttl}})
+	errs := b.Renew(ctx, []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}, {LeaseKey: lease(a), TTL: ttl}})
 	require.Len(t, errs, 2)
 	for _, err := range errs {
 		require.ErrorIs(t, err, context.Canceled, "renew")
@@ -790,7 +790,7 @@ func testClosed(t *testing.T, b backend.Backend) {
 
 	_, err := b.Acquire(t.Context(), request("closed/b", "b", backend.Exclusive))
 	require.ErrorIs(t, err, backend.ErrClosed, "acquire")
-	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: lease(a), TTL: ttl}})
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: lease(a), TTL: ttl}})
 	require.Len(t, errs, 1)
 	require.ErrorIs(t, errs[0], backend.ErrClosed, "renew")
 	require.ErrorIs(t, b.Release(t.Context(), lease(a)), backend.ErrClosed, "release")

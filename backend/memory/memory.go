@@ -215,7 +215,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []erro
 	defer b.mu.Unlock()
 	now := time.Now()
 	for i, r := range reqs {
-		switch e, h := b.holder(r.Lease, now); {
+		switch e, h := b.holder(r.LeaseKey, now); {
 		case r.TTL <= 0:
 			errs[i] = fmt.Errorf("memory: renew %q: ttl %v is not positive", r.Name, r.TTL)
 		case h == nil && e != nil && conflicts(e, r.Mode):
@@ -230,7 +230,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []erro
 }
 
 // Release ends the lease l and notifies the watchers of its name.
-func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+func (b *Backend) Release(ctx context.Context, l backend.LeaseKey) error {
 	if err := b.lock(ctx); err != nil {
 		return fmt.Errorf("memory: release %q: %w", l.Name, err)
 	}
@@ -354,7 +354,7 @@ func (b *Backend) lock(ctx context.Context) error {
 
 // holder returns the entry of l's name, after pruning it, and the live holder
 // of l, or nil when l's lease id does not hold the name in l's mode.
-func (b *Backend) holder(l backend.Lease, now time.Time) (*entry, *holder) {
+func (b *Backend) holder(l backend.LeaseKey, now time.Time) (*entry, *holder) {
 	e := b.names[l.Name]
 	if e == nil {
 		return nil, nil

@@ -103,7 +103,7 @@ func TestTokensIncreaseAcrossRestarts(t *testing.T) {
 			tok := mustAcquire(t, b, req)
 			require.Greater(t, tok, last, "run %d", run)
 			last = tok
-			require.NoError(t, b.Release(t.Context(), backend.Lease{Name: req.Name, LeaseID: "a"}))
+			require.NoError(t, b.Release(t.Context(), backend.LeaseKey{Name: req.Name, LeaseID: "a"}))
 		}
 		require.NoError(t, b.Close())
 	}
@@ -244,7 +244,7 @@ func TestInvalidTTL(t *testing.T) {
 	assert.NotErrorIs(t, err, backend.ErrHeld)
 
 	mustAcquire(t, b, request("a", "a", time.Minute))
-	errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: backend.Lease{Name: "a", LeaseID: "a"}, TTL: -time.Second}})
+	errs := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: backend.LeaseKey{Name: "a", LeaseID: "a"}, TTL: -time.Second}})
 	require.ErrorContains(t, errs[0], "ttl")
 	assert.NotErrorIs(t, errs[0], backend.ErrNotHeld, "an invalid renewal says nothing of the lease")
 }
@@ -284,7 +284,7 @@ func TestExpiry(t *testing.T) {
 		time.Sleep(held.RetryIn)
 		mustAcquire(t, b, request("n", "c", time.Second))
 		require.Len(t, ch, 1, "pruning the expired holder notifies")
-		errs := b.Renew(t.Context(), []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "a"}, TTL: time.Minute}})
+		errs := b.Renew(t.Context(), []backend.RenewRequest{{LeaseKey: backend.LeaseKey{Name: "n", LeaseID: "a"}, TTL: time.Minute}})
 		require.ErrorIs(t, errs[0], backend.ErrNotHeld)
 	})
 }
@@ -307,7 +307,7 @@ func TestSweepBoundsTable(t *testing.T) {
 		for i := range 1000 {
 			name := fmt.Sprintf("free/%d", i)
 			mustAcquire(t, b, request(name, "f", time.Minute))
-			require.NoError(t, b.Release(t.Context(), backend.Lease{Name: name, LeaseID: "f"}))
+			require.NoError(t, b.Release(t.Context(), backend.LeaseKey{Name: name, LeaseID: "f"}))
 			require.LessOrEqual(t, len(b.names), 100)
 		}
 		for name, tok := range held {

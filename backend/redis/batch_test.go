@@ -330,7 +330,7 @@ func TestReleaseWithoutDeadline(t *testing.T) {
 
 	fillInFlight(b.batch)
 	released, acquired := make(chan error, 1), make(chan error, 1)
-	go func() { released <- b.Release(context.Background(), backend.Lease{Name: "n", LeaseID: "l"}) }()
+	go func() { released <- b.Release(context.Background(), backend.LeaseKey{Name: "n", LeaseID: "l"}) }()
 	go func() {
 		_, err := b.Acquire(context.Background(), backend.AcquireRequest{Name: "m", LeaseID: "k", TTL: time.Second,
 			Deadline: time.Now().Add(200 * time.Millisecond)})
@@ -393,7 +393,7 @@ func TestWritesRefusedWhole(t *testing.T) {
 		require.NoError(t, err)
 		defer b.Close()
 		for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
-			err := b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l1", Mode: mode})
+			err := b.Release(ctx, backend.LeaseKey{Name: "n", LeaseID: "l1", Mode: mode})
 			require.ErrorIs(t, err, backend.ErrUnavailable, "%s", mode)
 			require.ErrorContains(t, err, "READONLY")
 		}

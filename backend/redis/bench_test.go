@@ -34,7 +34,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				b.Error(err)
 				return
 			}
-			if err := be.Release(ctx, backend.Lease{Name: name, LeaseID: id}); err != nil {
+			if err := be.Release(ctx, backend.LeaseKey{Name: name, LeaseID: id}); err != nil {
 				b.Error(err)
 				return
 			}
@@ -62,7 +62,7 @@ func BenchmarkPairLatency(b *testing.B) {
 		if _, err := be.Acquire(ctx, backend.AcquireRequest{Name: "pair", LeaseID: id, TTL: 15 * time.Second, Deadline: time.Now().Add(10 * time.Second)}); err != nil {
 			b.Fatal(err)
 		}
-		if err := be.Release(ctx, backend.Lease{Name: "pair", LeaseID: id}); err != nil {
+		if err := be.Release(ctx, backend.LeaseKey{Name: "pair", LeaseID: id}); err != nil {
 			b.Fatal(err)
 		}
 		pings, pairs = append(pings, t1.Sub(t0)), append(pairs, time.Since(t1))

@@ -76,7 +76,7 @@ func TestClusterRenewalsOfAHungPrimary(t *testing.T) {
 	}
 	var reqs []backend.RenewRequest
 	for _, name := range h.hung {
-		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l-" + name}, TTL: 10 * time.Second})
+		reqs = append(reqs, backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: name, LeaseID: "l-" + name}, TTL: 10 * time.Second})
 	}
 	for i, name := range h.healthy[:20] {
 		mode := backend.Exclusive
@@ -86,7 +86,7 @@ func TestClusterRenewalsOfAHungPrimary(t *testing.T) {
 		req := backend.AcquireRequest{Name: name, LeaseID: "l-" + name, Mode: mode, Limit: 2, TTL: 10 * time.Second}
 		_, err := h.b.Acquire(ctx, req)
 		require.NoError(t, err, name)
-		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: req.LeaseID, Mode: mode}, TTL: req.TTL})
+		reqs = append(reqs, backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: name, LeaseID: req.LeaseID, Mode: mode}, TTL: req.TTL})
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -129,7 +129,7 @@ func TestClusterCallsOfAHungPrimary(t *testing.T) {
 		g, err := h.b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "ok", TTL: 10 * time.Second, Deadline: time.Now().Add(2 * time.Second)})
 		require.NoError(t, err, "%s is on a healthy primary", name)
 		assert.NotZero(t, g.Token)
-		require.NoError(t, h.b.Release(ctx, backend.Lease{Name: name, LeaseID: "ok"}))
+		require.NoError(t, h.b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: "ok"}))
 		t.Logf("%s: acquired and released in %v", name, time.Since(start))
 	}
 	assert.True(t, time.Now().Before(stuck), "the healthy primaries' calls did not wait for the hung one's")

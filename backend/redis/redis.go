@@ -239,7 +239,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			// Not replicated in time, or not known to be: a failover
 			// could lose it. It is given back, and the agent releases it
 			// again should this release fail.
-			if err := b.Release(ctx, backend.Lease{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}); err != nil {
+			if err := b.Release(ctx, backend.LeaseKey{Name: req.Name, LeaseID: req.LeaseID, Mode: req.Mode}); err != nil {
 				b.log.Debug("releasing a grant not replicated in time", "name", req.Name, "error", err)
 			}
 			if waitErr != nil {
@@ -319,7 +319,7 @@ func (b *Backend) fail(op, name string, err error) error {
 // without a deadline is bounded by the client's read and write timeouts
 // and retries, and, gathered with others, by releaseWait (see
 // batchContext); a timer of its own would cost more than the release.
-func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+func (b *Backend) Release(ctx context.Context, l backend.LeaseKey) error {
 	k := b.keys(l.Name)
 	v, err := b.batcher(ctx, k.x).run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {

@@ -81,7 +81,7 @@ func TestConformanceWithTheDocumentedPermissions(t *testing.T) {
 	// Without the channels, the PUBLISH that ends a release or a leave
 	// fails, after its writes: the call itself succeeds.
 	for _, mode := range []backend.Mode{backend.Exclusive, backend.Shared} {
-		l := backend.Lease{Name: "n" + string(mode), LeaseID: "l1", Mode: mode}
+		l := backend.LeaseKey{Name: "n" + string(mode), LeaseID: "l1", Mode: mode}
 		grant(t, b, l.Name, l.LeaseID, mode)
 		_, err := b.Acquire(ctx, backend.AcquireRequest{Name: l.Name, LeaseID: "l2", Mode: backend.Exclusive, TTL: time.Second, Ticket: "t2"})
 		var held *backend.HeldError
@@ -141,7 +141,7 @@ func TestForeignKeyIsNeverOverwritten(t *testing.T) {
 	}
 	// A release of a name whose holder key is not lockagent's releases
 	// nothing, and leaves it.
-	err := b.Release(ctx, backend.Lease{Name: "a", LeaseID: "l1", Mode: backend.Exclusive})
+	err := b.Release(ctx, backend.LeaseKey{Name: "a", LeaseID: "l1", Mode: backend.Exclusive})
 	require.ErrorIs(t, err, backend.ErrNotHeld)
 	v, err := rc.Get(ctx, "fk:lk:{a}").Result()
 	require.NoError(t, err)
@@ -157,7 +157,7 @@ func TestTokensSurviveDataLoss(t *testing.T) {
 	defer b.Close()
 	ctx := context.Background()
 	last := grant(t, b, "n", "l1", backend.Exclusive)
-	require.NoError(t, b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l1"}))
+	require.NoError(t, b.Release(ctx, backend.LeaseKey{Name: "n", LeaseID: "l1"}))
 
 	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())
 	tok := grant(t, b, "n", "l2", backend.Exclusive)
@@ -209,7 +209,7 @@ func TestRenewalsAreOnePipeline(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		name := fmt.Sprintf("n%d", i)
 		grant(t, b, name, "l"+name, backend.Exclusive)
-		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l" + name}, TTL: 10 * time.Second})
+		reqs = append(reqs, backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: name, LeaseID: "l" + name}, TTL: 10 * time.Second})
 	}
 	h := &countHook{}
 	c.AddHook(h)
@@ -257,7 +257,7 @@ func TestScriptsLostByTheServer(t *testing.T) {
 	rc := srv.Client(t)
 	require.NoError(t, rc.ScriptFlush(ctx).Err())
 	require.NoError(t, rc.ConfigResetStat(ctx).Err())
-	req := []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}}
+	req := []backend.RenewRequest{{LeaseKey: backend.LeaseKey{Name: "n", LeaseID: "l1"}, TTL: time.Second}}
 	assert.NoError(t, b.Renew(ctx, req)[0])
 	assert.NoError(t, b.Renew(ctx, req)[0])
 	stats, err := rc.Info(ctx, "commandstats").Result()
@@ -277,10 +277,10 @@ func TestRenewTellsTakenOver(t *testing.T) {
 	grant(t, b, "n", "l1", backend.Exclusive)
 	require.NoError(t, srv.Client(t).Del(ctx, "to:lk:{n}").Err()) // an operator deletes it
 	grant(t, b, "n", "l2", backend.Exclusive)
-	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
+	errs := b.Renew(ctx, []backend.RenewRequest{{LeaseKey: backend.LeaseKey{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
 	assert.ErrorIs(t, errs[0], backend.ErrTakenOver)
-	require.NoError(t, b.Release(ctx, backend.Lease{Name: "n", LeaseID: "l2"}))
-	errs = b.Renew(ctx, []backend.RenewRequest{{Lease: backend.Lease{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
+	require.NoError(t, b.Release(ctx, backend.LeaseKey{Name: "n", LeaseID: "l2"}))
+	errs = b.Renew(ctx, []backend.RenewRequest{{LeaseKey: backend.LeaseKey{Name: "n", LeaseID: "l1"}, TTL: time.Second}})
 	assert.ErrorIs(t, errs[0], backend.ErrNotHeld)
 	assert.NotErrorIs(t, errs[0], backend.ErrTakenOver)
 }
@@ -309,7 +309,7 @@ func TestRenewMixedBatch(t *testing.T) {
 		grant(t, b, name, "l"+name, mode)
 		switch i % 5 {
 		case 3: // released: gone
-			require.NoError(t, b.Release(ctx, backend.Lease{Name: name, LeaseID: "l" + name, Mode: mode}))
+			require.NoError(t, b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: "l" + name, Mode: mode}))
 			want[name] = backend.ErrNotHeld
 		case 4: // deleted by an operator and granted to another lease
 			require.NoError(t, rc.Del(ctx, "mx:lk:{"+name+"}", "mx:lk:{"+name+"}:r", "mx:lk:{"+name+"}:t").Err())
@@ -318,7 +318,7 @@ func TestRenewMixedBatch(t *testing.T) {
 		default:
 			want[name] = nil
 		}
-		reqs = append(reqs, backend.RenewRequest{Lease: backend.Lease{Name: name, LeaseID: "l" + name, Mode: mode}, TTL: ttl})
+		reqs = append(reqs, backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: name, LeaseID: "l" + name, Mode: mode}, TTL: ttl})
 	}
 	errs := b.Renew(ctx, reqs)
 	require.Len(t, errs, len(reqs))
@@ -351,8 +351,8 @@ func TestOutOfMemory(t *testing.T) {
 	defer b.Close()
 	ctx := context.Background()
 	rc := srv.Client(t)
-	x := backend.Lease{Name: "x", LeaseID: "lx", Mode: backend.Exclusive}
-	s := backend.Lease{Name: "s", LeaseID: "ls", Mode: backend.Shared}
+	x := backend.LeaseKey{Name: "x", LeaseID: "lx", Mode: backend.Exclusive}
+	s := backend.LeaseKey{Name: "s", LeaseID: "ls", Mode: backend.Shared}
 	grant(t, b, x.Name, x.LeaseID, x.Mode)
 	grant(t, b, s.Name, s.LeaseID, s.Mode)
 
@@ -380,7 +380,7 @@ func TestOutOfMemory(t *testing.T) {
 	}
 
 	ttl := 20 * time.Second
-	errs := b.Renew(ctx, []backend.RenewRequest{{Lease: x, TTL: ttl}, {Lease: s, TTL: ttl}})
+	errs := b.Renew(ctx, []backend.RenewRequest{{LeaseKey: x, TTL: ttl}, {LeaseKey: s, TTL: ttl}})
 	require.NoError(t, errs[0], "exclusive renewal")
 	require.NoError(t, errs[1], "shared renewal")
 	for key, want := range map[string]time.Duration{"oom:lk:{x}": ttl, "oom:lk:{s}:r": ttl} {
@@ -522,7 +522,7 @@ func TestConcurrentCallsShareRoundTrips(t *testing.T) {
 				return
 			}
 			tokens[i] = g.Token
-			assert.NoError(t, b.Release(ctx, backend.Lease{Name: name, LeaseID: id}))
+			assert.NoError(t, b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: id}))
 		})
 	}
 	wg.Wait()

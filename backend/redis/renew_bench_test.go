@@ -23,11 +23,11 @@ func BenchmarkRenew(b *testing.B) {
 	const batch = 1000
 	reqs := make([]backend.RenewRequest, batch)
 	for i := range reqs {
-		l := backend.Lease{Name: fmt.Sprintf("bench/held/%d", i), LeaseID: fmt.Sprintf("lease-%d", i)}
+		l := backend.LeaseKey{Name: fmt.Sprintf("bench/held/%d", i), LeaseID: fmt.Sprintf("lease-%d", i)}
 		if _, err := be.Acquire(ctx, backend.AcquireRequest{Name: l.Name, LeaseID: l.LeaseID, TTL: time.Minute, Deadline: time.Now().Add(10 * time.Second)}); err != nil {
 			b.Fatal(err)
 		}
-		reqs[i] = backend.RenewRequest{Lease: l, TTL: time.Minute}
+		reqs[i] = backend.RenewRequest{LeaseKey: l, TTL: time.Minute}
 	}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -17,9 +17,9 @@ import (
 func TestRenewCommand(t *testing.T) {
 	b := &Backend{prefix: "pfx"}
 	reqs := []backend.RenewRequest{
-		{Lease: backend.Lease{Name: "a", LeaseID: "id-a", Mode: backend.Exclusive}, TTL: 15 * time.Second},
-		{Lease: backend.Lease{Name: "b{c}", LeaseID: "id-b", Mode: backend.Shared}, TTL: 2500 * time.Millisecond},
-		{Lease: backend.Lease{Name: "d", LeaseID: "id-d", Mode: backend.Exclusive}, TTL: time.Second},
+		{LeaseKey: backend.LeaseKey{Name: "a", LeaseID: "id-a", Mode: backend.Exclusive}, TTL: 15 * time.Second},
+		{LeaseKey: backend.LeaseKey{Name: "b{c}", LeaseID: "id-b", Mode: backend.Shared}, TTL: 2500 * time.Millisecond},
+		{LeaseKey: backend.LeaseKey{Name: "d", LeaseID: "id-d", Mode: backend.Exclusive}, TTL: time.Second},
 	}
 	values := func(cmd []any) []any {
 		out := make([]any, len(cmd))
@@ -64,8 +64,8 @@ func TestRenewCommand(t *testing.T) {
 func TestHeldResults(t *testing.T) {
 	b := &Backend{prefix: "pfx"}
 	reqs := []backend.RenewRequest{
-		{Lease: backend.Lease{Name: "a", LeaseID: "id-a"}}, {Lease: backend.Lease{Name: "b", LeaseID: "id-b"}},
-		{Lease: backend.Lease{Name: "c", LeaseID: "id-c"}},
+		{LeaseKey: backend.LeaseKey{Name: "a", LeaseID: "id-a"}}, {LeaseKey: backend.LeaseKey{Name: "b", LeaseID: "id-b"}},
+		{LeaseKey: backend.LeaseKey{Name: "c", LeaseID: "id-c"}},
 	}
 	call := renewCall{held: true, idx: []int{0, 2}}
 	errs := []error{errors.New("before"), errors.New("untouched"), errors.New("before")}

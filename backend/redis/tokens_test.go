@@ -44,7 +44,7 @@ func queueAtHead(t *testing.T, b backend.Backend, name, tk string) {
 	require.NoError(t, err)
 	_, err = b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "waiter", TTL: 10 * time.Second, Ticket: tk})
 	require.ErrorIs(t, err, backend.ErrHeld)
-	require.NoError(t, b.Release(ctx, backend.Lease{Name: name, LeaseID: "holder"}))
+	require.NoError(t, b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: "holder"}))
 }
 
 // acquireOn asks for name by id on path p (queueing its ticket first).
@@ -123,7 +123,7 @@ func checkLastTokenEdges(t *testing.T, b backend.Backend, rc goredis.Cmdable, pr
 				// released, no token left.
 				_, err = b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "l2", Mode: backend.Exclusive, TTL: 10 * time.Second})
 				require.ErrorIs(t, err, backend.ErrHeld)
-				require.NoError(t, b.Release(ctx, backend.Lease{Name: name, LeaseID: "l1", Mode: p.mode}))
+				require.NoError(t, b.Release(ctx, backend.LeaseKey{Name: name, LeaseID: "l1", Mode: p.mode}))
 				_, err = b.Acquire(ctx, backend.AcquireRequest{Name: name, LeaseID: "l3", Mode: p.mode, TTL: 10 * time.Second})
 				requireExhausted(t, b, name, err, f)
 			})
