@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // lockagentAs runs the binary like lockagent, as uid and gid (no other
 // groups). The binary's directory is opened to every uid for it.
 func lockagentAs(t *testing.T, uid, gid uint32, extraEnv []string, args ...string) cliResult {
 	t.Helper()
+	testkit.SkipShort(t, "the lockagent binary")
 	require.NoError(t, os.Chmod(filepath.Dir(lockagentBin), 0o755))
 	ctx, cancel := context.WithTimeout(context.Background(), exitTimeout)
 	defer cancel()

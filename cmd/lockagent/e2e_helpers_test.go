@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockagent/lockagent/client"
+	"github.com/lockagent/lockagent/internal/testkit"
 	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
@@ -51,6 +53,10 @@ func TestMain(m *testing.M) {
 // buildAndRun builds the lockagent binary into a temporary directory (with
 // the race detector when the tests have it) and runs the tests.
 func buildAndRun(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run() // the tests that run the binary skip (see testkit.SkipShort)
+	}
 	dir, err := os.MkdirTemp("", "la-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -153,6 +159,7 @@ func baseEnv() []string { return agentbin.Env() }
 // startProc starts path with args and env (baseEnv plus extra).
 func startProc(t *testing.T, name string, extraEnv []string, path string, args ...string) *proc {
 	t.Helper()
+	testkit.SkipShort(t, "the lockagent binary")
 	p := &proc{name: name, stdout: new(syncBuffer), stderr: new(syncBuffer), done: make(chan struct{})}
 	p.cmd = exec.Command(path, args...)
 	p.cmd.Env = append(baseEnv(), extraEnv...)
@@ -235,6 +242,7 @@ type cliResult struct {
 // extra).
 func lockagent(t *testing.T, extraEnv []string, args ...string) cliResult {
 	t.Helper()
+	testkit.SkipShort(t, "the lockagent binary")
 	ctx, cancel := context.WithTimeout(context.Background(), exitTimeout)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
@@ -273,6 +281,7 @@ type agentEnv struct {
 // the 108 bytes of sun_path.
 func newAgentEnv(t *testing.T) *agentEnv {
 	t.Helper()
+	testkit.SkipShort(t, "the lockagent binary")
 	dir, err := os.MkdirTemp("", "la")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // raceRounds is how many rounds each case of TestRacingStartsServeOnce
@@ -42,6 +44,7 @@ func TestRacingStartsServeOnce(t *testing.T) {
 		{"shared state dir, stale socket", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			testkit.SkipShort(t, "the lockagent binary")
 			dir, err := os.MkdirTemp("", "la")
 			require.NoError(t, err)
 			t.Cleanup(func() { os.RemoveAll(dir) })

@@ -27,6 +27,9 @@ const binEnv = "LOCKAGENT_CHAOS_BIN"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // its tests skip (see testkit.SkipShort)
+	}
 	if bin = os.Getenv(binEnv); bin != "" {
 		os.Exit(m.Run())
 	}

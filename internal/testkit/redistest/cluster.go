@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // clusterTimeout bounds creating a cluster and waiting for it to settle.
@@ -27,6 +29,7 @@ type Cluster struct {
 // cluster.
 func StartCluster(tb testing.TB, primaries int) *Cluster {
 	tb.Helper()
+	testkit.SkipShort(tb, "redis-server")
 	if primaries < 3 {
 		tb.Fatalf("redistest: a cluster needs at least 3 primaries, got %d", primaries)
 	}

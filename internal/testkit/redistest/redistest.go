@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // Time limits: generous, since CI machines are small and tests run in
@@ -83,6 +85,7 @@ type process struct {
 // kills it, logs its output if the test failed, and removes the directory.
 func Start(tb testing.TB, opts Options) *Server {
 	tb.Helper()
+	testkit.SkipShort(tb, "redis-server")
 	s := newServer(tb, opts)
 	s.startFresh(tb)
 	return s

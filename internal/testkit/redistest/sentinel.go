@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // sentinelTimeout bounds setting up a sentinel and a failover.
@@ -44,6 +46,7 @@ type SentinelOptions struct {
 // replica is in sync and the sentinel knows both as master and replica.
 func StartSentinel(tb testing.TB, opts SentinelOptions) *Sentinel {
 	tb.Helper()
+	testkit.SkipShort(tb, "redis-server")
 	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
 	defer cancel()
 
