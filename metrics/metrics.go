@@ -1,9 +1,11 @@
 // Package metrics exposes what the agent does as Prometheus metrics: it is
 // the agent's Observer (acquisitions, renewals, lost leases, backend
-// errors) and reads the agent's counts (sessions, leases, waiters, backend
-// state) at each scrape. It serves them in the text format at /metrics.
+// errors) and the socket server's (connections cut off, answers refused),
+// and reads the agent's counts (sessions, leases, waiters, backend state)
+// at each scrape. It serves them in the text format at /metrics.
 //
-// It knows the agent's public API only: nothing of sockets, JSON or Redis.
+// It knows the agent's public API only, and the server's observer by its
+// methods: nothing of sockets, JSON or Redis.
 // docs/metrics.md lists every metric.
 package metrics
 
@@ -34,6 +36,8 @@ type Metrics struct {
 	renewFailed  prometheus.Counter
 	lost         *prometheus.CounterVec
 	backendErrs  *prometheus.CounterVec
+	cutOff       *prometheus.CounterVec
+	refused      prometheus.Counter
 
 	// acquired holds the children of acquisitions and acquireWait for
 	// every mode and result, made by New and read only after: the
@@ -90,6 +94,17 @@ func New() *Metrics {
 			Name: "lockagent_backend_errors_total",
 			Help: "Backend calls that failed, by operation (acquire, renew, release).",
 		}, []string{"op"}),
+		cutOff: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lockagent_connections_cut_off_total",
+			Help: "Connections cut off for not reading what the agent sent, by reason (write_timeout, queue, uid_output, agent_output).",
+		}, []string{"reason"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lockagent_answers_refused_total",
+			Help: "Answers (list, inspect, a denial's holders) too large for the room left for their uid's unread output, answered limit_exceeded.",
+		}),
+	}
+	for _, reason := range []string{"write_timeout", "queue", "uid_output", "agent_output"} {
+		m.cutOff.WithLabelValues(reason)
 	}
 	for _, reason := range []string{agent.ReasonExpired, agent.ReasonTakenOver, agent.ReasonBroken, agent.ReasonBackendUnavailable} {
 		m.lost.WithLabelValues(reason)
@@ -107,7 +122,7 @@ func New() *Metrics {
 			}
 		}
 	}
-	m.reg.MustRegister(m.acquisitions, m.acquireWait, m.renewBatch, m.renewLatency, m.renewFailed, m.lost, m.backendErrs,
+	m.reg.MustRegister(m.acquisitions, m.acquireWait, m.renewBatch, m.renewLatency, m.renewFailed, m.lost, m.backendErrs, m.cutOff, m.refused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -134,6 +149,12 @@ func (m *Metrics) Lost(reason string) { m.lost.WithLabelValues(reason).Inc() }
 
 // BackendError counts a failed backend call; part of agent.Observer.
 func (m *Metrics) BackendError(op string) { m.backendErrs.WithLabelValues(op).Inc() }
+
+// CutOff counts a connection cut off; part of socketapi.Observer.
+func (m *Metrics) CutOff(reason string) { m.cutOff.WithLabelValues(reason).Inc() }
+
+// AnswerRefused counts an answer refused; part of socketapi.Observer.
+func (m *Metrics) AnswerRefused() { m.refused.Inc() }
 
 // Watch registers the gauges read from a at each scrape: sessions, leases
 // by mode and scope, waiters, the backend's state, and the agent's build

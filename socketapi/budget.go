@@ -35,8 +35,9 @@ type uidOutput struct {
 // cutOff is an output the budget had to cut off, and why.
 type cutOff struct {
 	o      *output
-	reason string
-	held   int // the bytes it held
+	cause  string // CutUIDOutput or CutAgentOutput
+	reason string // for the log
+	held   int    // the bytes it held
 }
 
 func newOutputBudget(max, maxPerUID int) *outputBudget {
@@ -68,7 +69,7 @@ func (b *outputBudget) charge(o *output, n int, refusable bool) (ok bool, cut []
 			b.add(o, u, -n)
 			return false, cut
 		}
-		cut = append(cut, cutOff{v, fmt.Sprintf("output not read: uid %d has %d bytes waiting, more than its share of %d", o.uid, u.bytes, b.maxPerUID), v.charged})
+		cut = append(cut, cutOff{v, CutUIDOutput, fmt.Sprintf("output not read: uid %d has %d bytes waiting, more than its share of %d", o.uid, u.bytes, b.maxPerUID), v.charged})
 		b.drop(v)
 		if v == o {
 			return false, cut
@@ -85,7 +86,7 @@ func (b *outputBudget) charge(o *output, n int, refusable bool) (ok bool, cut []
 			b.add(o, u, -n)
 			return false, cut
 		}
-		cut = append(cut, cutOff{v, fmt.Sprintf("output not read: the agent has %d bytes waiting for its clients, more than its bound of %d", b.total, b.max), v.charged})
+		cut = append(cut, cutOff{v, CutAgentOutput, fmt.Sprintf("output not read: the agent has %d bytes waiting for its clients, more than its bound of %d", b.total, b.max), v.charged})
 		b.drop(v)
 		if v == o {
 			return false, cut

@@ -76,6 +76,9 @@ func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer, end
 			c.log.Debug(msg, append([]any{"pid", c.peer.PID, "uid", c.peer.UID}, args...)...)
 		},
 	}
+	if s.Observer != nil {
+		c.out.cut = s.Observer.CutOff
+	}
 	return c
 }
 

@@ -142,6 +142,9 @@ var opNames = func() map[string]string {
 // tooLarge is the answer that goes in place of one of size bytes (0: not
 // known) that the output budget has no room for.
 func (c *conn) tooLarge(id json.RawMessage, size int) []byte {
+	if c.srv.Observer != nil {
+		c.srv.Observer.AnswerRefused()
+	}
 	c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "answer refused: no room for it in the output budget", "pid", c.peer.PID, "uid", c.peer.UID, "size", size)
 	return encodeError(id, wire.CodeLimitExceeded, fmt.Sprintf("the answer does not fit the room the agent keeps for output not yet read by uid %d: read what it sent, or ask for less (list with a limit)", c.peer.UID), nil)
 }

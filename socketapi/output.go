@@ -18,8 +18,10 @@ type output struct {
 	// closeSocket closes the connection's socket; it is called once, with
 	// mu held, and must not block.
 	closeSocket func()
-	// warn and debug log what happens to the connection, with its peer.
+	// warn and debug log what happens to the connection, with its peer;
+	// cut, if set, counts its cut-off, for a reason of the Cut constants.
 	warn, debug func(msg string, args ...any)
+	cut         func(reason string)
 
 	// budget, if set, bounds what the connections of uid, and all of
 	// them, may hold unwritten. It guards charged and released.
@@ -115,7 +117,7 @@ func (o *output) charge(n int, refusable bool) bool {
 	}
 	ok, cut := o.budget.charge(o, n, refusable)
 	for _, c := range cut {
-		c.o.cutOff(c.reason, c.held)
+		c.o.cutOff(c.cause, c.reason, c.held)
 	}
 	return ok
 }
@@ -128,13 +130,21 @@ func (o *output) credit(n int) {
 }
 
 // cutOff closes the socket at once: the budget had to take back what o
-// held.
-func (o *output) cutOff(reason string, held int) {
+// held, for cause (a Cut constant), which reason says for the log.
+func (o *output) cutOff(cause, reason string, held int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.closed {
 		o.warn("slow consumer cut off: "+reason, "held_bytes", held)
+		o.counted(cause)
 		o.closeNow()
+	}
+}
+
+// counted counts a cut-off, if anybody counts them.
+func (o *output) counted(reason string) {
+	if o.cut != nil {
+		o.cut(reason)
 	}
 }
 
@@ -231,6 +241,7 @@ func (o *output) put(line []byte, inline bool) {
 	// a reader that keeps up, also with lines queued behind it.
 	if o.bytes-o.longest > o.maxBytes {
 		o.warn("slow consumer cut off", "queued_bytes", o.bytes)
+		o.counted(CutQueue)
 		o.closeNow()
 		o.mu.Unlock()
 		return
@@ -284,6 +295,7 @@ func (o *output) drain() {
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				o.warn("slow consumer cut off", "blocked_for", o.w.timeout)
+				o.counted(CutWriteTimeout)
 			} else {
 				o.debug("write failed; connection closed", "error", err)
 			}

@@ -57,6 +57,10 @@ type Server struct {
 	// agent's. Default: one of its own (peerlog.Default).
 	PeerLog *peerlog.Limiter
 
+	// Observer, if set, is told of connections cut off and answers
+	// refused, for metrics.
+	Observer Observer
+
 	groups *groupCache
 	budget *outputBudget
 	lists  *turns // see conn.list
@@ -100,6 +104,25 @@ func (s *Server) setDefaults() {
 		s.PeerLog = peerlog.Default()
 	}
 }
+
+// Observer is told what the server does to clients that do not read what
+// it sends. Its methods must not block.
+type Observer interface {
+	// CutOff counts a connection cut off, for reason: one of the Cut
+	// constants.
+	CutOff(reason string)
+	// AnswerRefused counts an answer that did not fit the output budget,
+	// and went as limit_exceeded (see outputBudget).
+	AnswerRefused()
+}
+
+// Why a connection is cut off (Observer.CutOff).
+const (
+	CutWriteTimeout = "write_timeout" // a write made no progress for WriteTimeout
+	CutQueue        = "queue"         // its queue passed MaxQueueBytes
+	CutUIDOutput    = "uid_output"    // its uid's unread output passed MaxOutputBytesPerUID
+	CutAgentOutput  = "agent_output"  // all the unread output passed MaxOutputBytes
+)
 
 // groupCacheTTL is how long the groups of a uid are kept.
 const groupCacheTTL = 10 * time.Second

@@ -169,6 +169,7 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 		MaxOutputBytes:       cfg.Limits.MaxOutputBytes,
 		MaxOutputBytesPerUID: cfg.Limits.MaxOutputBytesPerUID,
 		PeerLog:              peerLog,
+		Observer:             serverObserver(mt),
 		// An agent allocates little once its sessions are idle, and might
 		// keep a burst's stacks for minutes.
 		AfterIdleBurst: debug.FreeOSMemory,

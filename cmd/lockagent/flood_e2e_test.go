@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -62,6 +63,19 @@ func listFlood(args []string) error {
 			}
 		}
 	}
+	// Each reader is counted once the agent has handled its list: its
+	// answer begins (answered), or a refusal comes (refused), or its
+	// connection ends first; and again if its connection ends before the
+	// whole answer is read (cut off).
+	var mu sync.Mutex
+	counts := map[string]int{}
+	count := func(how string) {
+		mu.Lock()
+		defer mu.Unlock()
+		counts[how]++
+		fmt.Printf("handled %d: answered %d, refused %d; cut off %d\n",
+			counts["answered"]+counts["refused"]+counts["unanswered"], counts["answered"], counts["refused"], counts["cut off"])
+	}
 	for range readers {
 		nc, err := net.Dial("unix", socket)
 		if err != nil {
@@ -73,11 +87,23 @@ func listFlood(args []string) error {
 		}
 		go func() {
 			b := make([]byte, 4096)
-			for {
-				if _, err := nc.Read(b); err != nil {
-					return // cut off, or killed
-				}
+			n, err := nc.Read(b)
+			switch {
+			case err != nil:
+				count("unanswered")
+				count("cut off")
+				return
+			case strings.Contains(string(b[:n]), `"limit_exceeded"`):
+				count("refused")
+				return
+			}
+			count("answered")
+			for !bytes.Contains(b[:n], []byte("\n")) {
 				time.Sleep(every) // the slow reader
+				if n, err = nc.Read(b); err != nil {
+					count("cut off")
+					return
+				}
 			}
 		}()
 	}
@@ -117,10 +143,11 @@ const floodPeakBound = 160 << 20
 
 // TestSlowListReaders: a uid that is not an admin holds 12,000 leases
 // with long client names and metas, which make its list answer about
-// 5 MB, and has 120 connections ask for it and read it a few KiB at a
+// 1.9 MB, and has 120 connections ask for it and read it a few KiB at a
 // time. The output budget keeps the agent's memory bounded, and the other
 // clients' pings stay fast.
 func TestSlowListReaders(t *testing.T) {
+	const readers = 120
 	// The memory measured is the agent's own, not the race detector's.
 	dir, err := os.MkdirTemp("", "la-flood")
 	require.NoError(t, err)
@@ -129,9 +156,17 @@ func TestSlowListReaders(t *testing.T) {
 	require.NoError(t, err)
 	e := newAgentEnv(t)
 	require.NoError(t, os.Chmod(e.dir, 0o755))
-	e.writeConfig(t, "socket {\n  mode = \"0666\"\n}\n")
+	e.writeConfig(t, "socket {\n  mode = \"0666\"\n}\nmetrics {\n  address = \"127.0.0.1:0\"\n}\n")
 	e.bin = plain
 	a := e.start(t)
+	var url string
+	eventually(t, exitTimeout, "the metrics address is logged", func() bool {
+		m := metricsURL.FindStringSubmatch(a.stderr.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	})
 	_, base := processMemory(t, a.cmd.Process.Pid)
 
 	// The test binary, where nobody can run it.
@@ -143,38 +178,52 @@ func TestSlowListReaders(t *testing.T) {
 	require.NoError(t, os.WriteFile(bin, data, 0o755))
 	require.NoError(t, os.Chmod(dir, 0o755))
 	flood := &proc{name: "flood", stdout: new(syncBuffer), stderr: new(syncBuffer), done: make(chan struct{})}
-	startAs(t, flood, 65534, append(e.clientEnv(), helperEnv+"=list-flood"), bin, "40", "300", "120", "1s")
+	startAs(t, flood, 65534, append(e.clientEnv(), helperEnv+"=list-flood"), bin, "40", "300", fmt.Sprint(readers), "1s")
 	flood.waitOutput(t, "flooding", 2*time.Minute)
 
 	var (
-		mu      sync.Mutex
 		slowest time.Duration
 		pings   int
 	)
-	// Pings go on for 5 s at least, and until the agent has had to cut off
-	// slow readers of the flood: the uid's share of unread output is full.
-	const cutOff = "slow consumer cut off: output not read: uid 65534"
+	// Pings go on until the agent has handled every reader's list, and
+	// 5 s more.
+	all := fmt.Sprintf("handled %d:", readers)
 	c := dialAgent(t, e.socket, "e2e-ping")
-	start := time.Now()
-	for time.Since(start) < 5*time.Second || !strings.Contains(a.stderr.String(), cutOff) {
-		require.Less(t, time.Since(start), 2*time.Minute, "no slow reader of the flood was cut off")
+	var allHandled time.Time
+	for start := time.Now(); allHandled.IsZero() || time.Since(allHandled) < 5*time.Second; {
+		require.Less(t, time.Since(start), 3*time.Minute, "the agent did not handle every list: %s", lastLine(flood.stdout.String()))
+		if allHandled.IsZero() && strings.Contains(flood.stdout.String(), all) {
+			allHandled = time.Now()
+		}
 		start := time.Now()
 		call(t, c, "ping", nil, nil)
 		fresh := dialAgent(t, e.socket, "e2e-fresh")
 		call(t, fresh, "ping", nil, nil)
 		fresh.Close()
 		took := time.Since(start)
-		mu.Lock()
 		slowest, pings = max(slowest, took), pings+1
-		mu.Unlock()
 		time.Sleep(100 * time.Millisecond) // a ping every tenth of a second
 	}
 	require.False(t, flood.exited(), "the flood ended: %s", flood.stderr)
 	rss, peak := processMemory(t, a.cmd.Process.Pid)
-	t.Logf("agent memory: %d MiB before the flood, %d MiB during it, %d MiB at most; slowest of %d pings (with a fresh connection each): %v",
-		base>>20, rss>>20, peak>>20, pings, slowest)
+	t.Logf("agent memory: %d MiB before the flood, %d MiB during it, %d MiB at most; slowest of %d pings (with a fresh connection each): %v; %s",
+		base>>20, rss>>20, peak>>20, pings, slowest, lastLine(flood.stdout.String()))
 	require.Less(t, peak, int64(floodPeakBound), "the agent's peak resident memory")
 	require.Less(t, slowest, 500*time.Millisecond, "the slowest ping")
+	// 120 answers of 1.9 MB fit in no uid's share of unread output: the
+	// slowest readers were cut off, or answers refused.
+	m := scrape(t, url)
+	t.Logf("cut off: %v for the uid's share, %v by the write timeout; answers refused: %v",
+		m[`lockagent_connections_cut_off_total{reason="uid_output"}`], m[`lockagent_connections_cut_off_total{reason="write_timeout"}`],
+		m["lockagent_answers_refused_total"])
+	require.Positive(t, m[`lockagent_connections_cut_off_total{reason="uid_output"}`]+m["lockagent_answers_refused_total"],
+		"no reader cut off for the uid's share, and no answer refused")
+}
+
+// lastLine is the last line of out.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
 }
 
 // startAs starts p as uid and gid, as startProc does.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/metrics"
+	"github.com/lockagent/lockagent/socketapi"
 )
 
 // listenMetrics opens the metrics endpoint's listener, if an address is
@@ -33,6 +34,14 @@ func closeMetrics(ln net.Listener) {
 
 // observer is the agent's Observer: the metrics, or none.
 func observer(m *metrics.Metrics) agent.Observer {
+	if m == nil {
+		return nil
+	}
+	return m
+}
+
+// serverObserver is what the socket server tells the metrics, if any.
+func serverObserver(m *metrics.Metrics) socketapi.Observer {
 	if m == nil {
 		return nil
 	}
