@@ -39,13 +39,12 @@ func listFlood(args []string) error {
 	}
 	socket := os.Getenv("LOCKAGENT_SOCKET")
 	long := strings.Repeat("x", 256)
-	var held []net.Conn // kept open: the sessions end with them
 	for i := range sessions {
 		nc, err := net.Dial("unix", socket)
 		if err != nil {
 			return err
 		}
-		held = append(held, nc)
+		floodConns = append(floodConns, nc)
 		r := bufio.NewReader(nc)
 		fmt.Fprintf(nc, `{"op":"hello","client":"%s%d"}`+"\n", long[:250], i)
 		for j := 0; j < leases; j += 50 {
@@ -81,7 +80,7 @@ func listFlood(args []string) error {
 		if err != nil {
 			return err
 		}
-		held = append(held, nc)
+		floodConns = append(floodConns, nc)
 		if _, err := io.WriteString(nc, `{"op":"list"}`+"\n"); err != nil {
 			return err
 		}
@@ -110,6 +109,11 @@ func listFlood(args []string) error {
 	fmt.Println("flooding")
 	select {}
 }
+
+// floodConns are listFlood's connections, which must stay open while it
+// runs: a variable that goes out of use would let the collector close
+// them (net.Conn's finalizer), and end the sessions that hold the leases.
+var floodConns []net.Conn
 
 func boolInt(b bool) int {
 	if b {
