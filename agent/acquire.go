@@ -120,7 +120,8 @@ type waiter struct {
 	// (see superseded).
 	attached int
 	queued   bool          // in the name's queue (a waiting acquire, not a try)
-	ticket   string        // its place in the backend's queue, when queued
+	ticket   string        // its place in the backend's queue, when queued; its key (see Pending.Key)
+	until    time.Time     // when its wait ends; zero: never
 	wake     chan struct{} // a value when the queue ahead changed; nil for a try
 	// unknown is a queued waiter's last attempt whose outcome is unknown
 	// (the backend was unavailable): the next attempt asks again with its
@@ -220,6 +221,23 @@ func (s *Session) place(req AcquireRequest) Pending {
 	return p
 }
 
+// Key names a waiting acquire in its agent's State (see Snapshot); "" for
+// a try, or an acquire refused.
+func (p *Pending) Key() string {
+	if p.w == nil {
+		return ""
+	}
+	return p.w.ticket
+}
+
+// Granted sets what a waiting acquire that Restore returned calls with its
+// lease when it is granted (see AcquireRequest.Granted). Call it before
+// Run.
+func (p *Pending) Granted(f func(Lease)) {
+	p.req.Granted = f
+	p.w.req.Granted = f
+}
+
 // Run runs the acquire to its end, as Acquire does.
 func (p *Pending) Run(ctx context.Context) (res AcquireResult, err error) {
 	a := p.s.a
@@ -247,6 +265,9 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		// Only a queued waiter is woken: a try's signals go nowhere.
 		w.ticket = newID("q_")
 		w.wake = make(chan struct{}, 1)
+	}
+	if req.Wait > 0 {
+		w.until = since.Add(req.Wait)
 	}
 
 	a.mu.Lock()
@@ -345,10 +366,9 @@ func (a *Agent) run(ctx context.Context, name string, w *waiter, err error) (Acq
 // wait runs a queued acquire to its end.
 func (a *Agent) wait(ctx context.Context, w *waiter) (AcquireResult, error) {
 	var timeout <-chan time.Time
-	var until time.Time // when the wait ends; zero: never
-	if w.req.Wait > 0 {
-		until = time.Now().Add(w.req.Wait)
-		t := time.NewTimer(w.req.Wait)
+	until := w.until
+	if !until.IsZero() {
+		t := time.NewTimer(time.Until(until))
 		defer t.Stop()
 		timeout = t.C
 	}
@@ -514,6 +534,8 @@ var errWaitOver = errors.New("agent: the wait is over")
 // and a retry sent later could grant the name to nobody), and until the
 // wait ends, if until is set (then the error is errWaitOver).
 func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease, time.Duration, error) {
+	a.enter()
+	defer a.exit()
 	s, req := w.s, w.req
 	id := newID("l_")
 	if w.unknown != nil {

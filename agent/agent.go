@@ -132,8 +132,11 @@ type Agent struct {
 	nextWake time.Time // when the scheduler wakes next unless kicked
 	// wakeBy is nextWake as time since started, for LoseOverdue's look
 	// without the lock.
-	wakeBy   atomic.Int64
-	started  time.Time
+	wakeBy  atomic.Int64
+	started time.Time // this process's start
+	// since is when the agent first started, before the upgrades that
+	// handed its state over from process to process (see Restore).
+	since    time.Time
 	lastSeen stamp          // the scheduler's last look at the clocks
 	perUID   map[uint32]int // leases held and pending, by the uid of their session
 	sessUID  map[uint32]int // sessions, by uid
@@ -151,6 +154,13 @@ type Agent struct {
 
 	unavailable atomic.Pointer[unavailability] // see note; nil while the backend answers
 	reachedAt   atomic.Int64                   // see note: a call reached the backend, in Unix ns
+
+	// The handover's gate (see Freeze), guarded by mu: while frozen, no
+	// step that calls the backend starts; steps counts those under way,
+	// and stepped is broadcast when it falls to 0 and when frozen ends.
+	frozen  bool
+	steps   int
+	stepped *sync.Cond
 }
 
 // New returns an agent for cfg. It starts nothing: call Run.
@@ -172,7 +182,9 @@ func New(cfg Config) *Agent {
 		done:     make(chan struct{}),
 		started:  time.Now(),
 	}
+	a.since = a.started
 	a.sched.origin = a.started
+	a.stepped = sync.NewCond(&a.mu)
 	a.stopping, a.stop = context.WithCancel(context.Background())
 	a.SetAccess(cfg.Access)
 	return a
@@ -251,6 +263,8 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 // background (see retryRelease); other failures are logged, since the
 // lease will expire there on its own.
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
+	a.enter()
+	defer a.exit()
 	err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
 	a.called("release", err)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
@@ -301,7 +315,9 @@ func (a *Agent) retryRelease(l *lease) bool {
 			// A try ends with the agent's stop too, so as not to hold up
 			// its shutdown.
 			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
+			a.enter()
 			err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
+			a.exit()
 			cancel()
 			a.called("release", err)
 			switch {
@@ -388,6 +404,8 @@ func (a *Agent) leaveLater(name, ticket string) {
 		defer a.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
+		a.enter()
+		defer a.exit()
 		if err := a.b.Leave(ctx, name, ticket); err != nil {
 			a.log.Debug("leaving the queue failed; the ticket will expire", "name", name, "error", err)
 		}

@@ -48,6 +48,10 @@ type campaign struct {
 	// place over, so that campaigns asked for at once cannot together
 	// pass max_leases_per_uid. a.mu guards it.
 	reserved bool
+	// resumed is the attempt a campaign handed over by another process
+	// (see Restore) goes on with, keeping its place in the queue; its
+	// loop takes it, once.
+	resumed *waiter
 }
 
 // unreserve gives up c's place in its uid's count, if it still has it.
@@ -112,10 +116,23 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 		// No term could be granted: say so now rather than contend in vain.
 		return "", fmt.Errorf("%w: %d leases per uid", ErrLimitExceeded, a.cfg.MaxLeasesPerUID)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &campaign{id: newID("c_"), s: s, req: ar, cancel: cancel,
-		done: make(chan struct{}), ended: make(chan struct{}, 1), reserved: true}
+	c, ctx := a.newCampaign(s, newID("c_"), ar)
+	c.reserved = true
 	a.perUID[s.uid]++
+	if req.Started != nil {
+		req.Started(c.id)
+	}
+	a.log.Debug("campaign started", "name", req.Name, "campaign", c.id, "session", s.id)
+	a.wg.Add(1)
+	go a.runCampaign(ctx, c)
+	return c.id, nil
+}
+
+// newCampaign makes the campaign id of s for ar's name, and returns its
+// context, which its loop runs in, and Resign ends. a.mu is held.
+func (a *Agent) newCampaign(s *Session, id string, ar AcquireRequest) (*campaign, context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &campaign{id: id, s: s, req: ar, cancel: cancel, done: make(chan struct{}), ended: make(chan struct{}, 1)}
 	// The elected event goes out with the grant, under a.mu, before any
 	// event of the new lease.
 	c.req.Granted = func(l Lease) {
@@ -125,14 +142,8 @@ func (s *Session) Campaign(req CampaignRequest) (string, error) {
 	if s.campaigns == nil {
 		s.campaigns = make(map[string]*campaign)
 	}
-	s.campaigns[req.Name] = c
-	if req.Started != nil {
-		req.Started(c.id)
-	}
-	a.log.Debug("campaign started", "name", req.Name, "campaign", c.id, "session", s.id)
-	a.wg.Add(1)
-	go a.runCampaign(ctx, c)
-	return c.id, nil
+	s.campaigns[ar.Name] = c
+	return c, ctx
 }
 
 // runCampaign contends for c's name, term after term, until ctx is done or
@@ -145,14 +156,30 @@ func (a *Agent) runCampaign(ctx context.Context, c *campaign) {
 		c.unreserve()
 		a.mu.Unlock()
 	}()
+	// A campaign handed over by another process may lead already, or
+	// go on with its attempt.
+	a.mu.Lock()
+	leading, resumed := c.term != nil, c.resumed
+	c.resumed = nil
+	a.mu.Unlock()
+	if leading {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.ended:
+		}
+	}
 	failing := false // the last attempt failed: say so once a streak
 	for {
 		// Each term is a new grant, under the rules of the moment: a
 		// campaign the rules no longer allow (reloaded) stops contending
 		// until they do again.
 		peer := c.s.currentPeer()
-		err := a.allow(peer, c.req.Name, backend.Exclusive)
-		if err == nil {
+		var err error
+		if resumed != nil {
+			_, err = a.run(ctx, c.req.Name, resumed, nil)
+			resumed = nil
+		} else if err = a.allow(peer, c.req.Name, backend.Exclusive); err == nil {
 			_, err = c.s.acquire(ctx, c.req, c, time.Now())
 		}
 		switch {

@@ -304,6 +304,9 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 	a.mu.Unlock()
 	for {
 		a.mu.Lock()
+		for a.frozen { // see Freeze: no renewal starts
+			a.stepped.Wait()
+		}
 		st := a.now()
 		now := st.mono
 		if slept := st.suspendedSince(a.lastSeen); slept > suspendThreshold {
@@ -354,21 +357,22 @@ func (a *Agent) scheduleLoop(ctx context.Context) {
 				renewals = append(renewals, renewal{batch, renewDeadline(batch, now)})
 			}
 		}
+		// Each batch is a step of the handover's gate (see Freeze).
+		a.steps += len(renewals)
 		a.mu.Unlock()
 
 		for _, r := range renewals {
 			a.wg.Add(1)
 			go func() {
 				defer a.wg.Done()
+				defer a.exit()
 				parts := a.parts(r.batch)
+				var partsWG sync.WaitGroup
 				for _, batch := range parts[1:] {
-					a.wg.Add(1)
-					go func() {
-						defer a.wg.Done()
-						a.renew(ctx, batch, r.deadline)
-					}()
+					partsWG.Go(func() { a.renew(ctx, batch, r.deadline) })
 				}
 				a.renew(ctx, parts[0], r.deadline)
+				partsWG.Wait()
 			}()
 		}
 		timer.Reset(wait)

@@ -132,5 +132,6 @@ func (a *Agent) LeaseCounts() []LeaseCount {
 	return out
 }
 
-// Started is when the agent was created.
-func (a *Agent) Started() time.Time { return a.started }
+// Started is when the agent first started: upgrades that handed its
+// state over from process to process (see Restore) do not change it.
+func (a *Agent) Started() time.Time { return a.since }

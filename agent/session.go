@@ -115,6 +115,7 @@ type Session struct {
 	detaches  int                  // connections gone: their acquires are being given up
 	campaigns map[string]*campaign // by name
 	expiry    *time.Timer          // ends a detached session
+	expiresAt time.Time            // when expiry fires
 	ended     bool
 }
 
@@ -247,18 +248,7 @@ func (s *Session) Detach(conn Conn) {
 	if s.ttl == 0 {
 		gone = append(gone, s.end(false)...)
 	} else {
-		var expiry *time.Timer
-		expiry = time.AfterFunc(s.ttl, func() {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			// A timer that fired as a resume stopped it is not the
-			// session's any more: after that resume, a new detach has a
-			// timer and a TTL of its own.
-			if s.expiry == expiry && s.conn == nil && !s.ended {
-				a.releaseLater(s.end(false))
-			}
-		})
-		s.expiry = expiry
+		s.expireIn(s.ttl)
 	}
 	a.willRelease(gone)
 	a.mu.Unlock()
@@ -267,6 +257,24 @@ func (s *Session) Detach(conn Conn) {
 	// a backend that does not answer must not hold it open meanwhile.
 	conn.Close()
 	a.releaseAll(gone)
+}
+
+// expireIn ends the detached session after d, unless a resume comes
+// first. a.mu is held.
+func (s *Session) expireIn(d time.Duration) {
+	a := s.a
+	var expiry *time.Timer
+	expiry = time.AfterFunc(d, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		// A timer that fired as a resume stopped it is not the session's
+		// any more: after that resume, a new detach has a timer and a TTL
+		// of its own.
+		if s.expiry == expiry && s.conn == nil && !s.ended {
+			a.releaseLater(s.end(false))
+		}
+	})
+	s.expiry, s.expiresAt = expiry, time.Now().Add(d)
 }
 
 // detach drops the connection and its connection-scoped leases, and returns
