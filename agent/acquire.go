@@ -47,6 +47,11 @@ type AcquireRequest struct {
 	// Granted, if set, is called with the new lease with the agent's lock
 	// held, before any event of the lease can be sent. It must not block.
 	Granted func(Lease)
+	// Answered, if set, is called with the outcome of a waiting acquire
+	// (its grant, after Granted) as a step of the handover's gate (see
+	// Freeze): an agent frozen, and handed over, has either answered a
+	// waiter or kept it, for the new process to answer. It must not block.
+	Answered func(AcquireResult, error)
 	// Conn, if set, is the connection asking. Once another connection
 	// has taken the session over (a resume), its acquires are refused as
 	// cancelled, not made the new connection's.
@@ -235,7 +240,19 @@ func (p *Pending) Key() string {
 // Run.
 func (p *Pending) Granted(f func(Lease)) {
 	p.req.Granted = f
-	p.w.req.Granted = f
+	if p.w != nil {
+		p.w.req.Granted = f
+	}
+}
+
+// Answered sets what a waiting acquire calls with its outcome (see
+// AcquireRequest.Answered); one refused by Begin calls nothing. Call it
+// before Run.
+func (p *Pending) Answered(f func(AcquireResult, error)) {
+	p.req.Answered = f
+	if p.w != nil {
+		p.w.req.Answered = f
+	}
 }
 
 // Run runs the acquire to its end, as Acquire does.
@@ -342,7 +359,20 @@ func (a *Agent) run(ctx context.Context, name string, w *waiter, err error) (Acq
 		return AcquireResult{}, err
 	}
 	defer a.wg.Done()
-	defer a.leave(w)
+	res, err := a.runPlaced(ctx, name, w)
+	// The waiter leaves, and its outcome is told, in one step: a frozen
+	// agent's snapshot still has the waiter of an outcome untold.
+	a.enter()
+	defer a.exit()
+	a.leave(w)
+	if w.req.Answered != nil {
+		w.req.Answered(res, err)
+	}
+	return res, err
+}
+
+// runPlaced runs an acquire whose place begin took.
+func (a *Agent) runPlaced(ctx context.Context, name string, w *waiter) (AcquireResult, error) {
 	if !w.queued {
 		if w.afterRelease != nil {
 			select {

@@ -82,7 +82,7 @@ func TestAnswerTooLarge(t *testing.T) {
 	o.answer(make([]byte, 2000), func(size int) []byte {
 		assert.Equal(t, 2000, size)
 		return []byte("refused\n")
-	})
+	}, true)
 	got := <-readAll(peer, len("refused\n"))
 	assert.Equal(t, "refused\n", string(got))
 	o.mu.Lock()

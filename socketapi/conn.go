@@ -3,6 +3,7 @@ package socketapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -40,8 +41,9 @@ type conn struct {
 	// mu guards the pending requests. It is never held while calling the
 	// agent.
 	mu      sync.Mutex
-	pending map[string]*pendingReq // cancellable requests by id key
-	reqWG   sync.WaitGroup         // request goroutines
+	pending map[string]*pendingReq     // cancellable requests by id key
+	waiting map[string]json.RawMessage // waiting acquires' ids, by their agent's key (see agent.Pending.Key)
+	reqWG   sync.WaitGroup             // request goroutines
 
 	// end ends the connection's context, and with it every request in
 	// flight: when the connection ends, and when the agent closes it (its
@@ -89,10 +91,18 @@ type pendingReq struct {
 	canceled bool          // it was answered canceled; set before done is closed
 }
 
-// serve starts the connection's read loop and returns; once the
-// connection has ended and every goroutine it started has finished, ended
-// is called. ctx is the connection's own (see cancel).
-func (c *conn) serve(ctx context.Context, ended func()) {
+// serve looks the peer's groups up and runs the connection's read loop.
+// Once the connection has ended and every goroutine it started has
+// finished, c.ended is called.
+func (c *conn) serve() {
+	c.lookUpGroups()
+	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
+	c.armHeartbeat()
+	c.readLoop()
+}
+
+// lookUpGroups reads the groups of the peer's uid, for ACL rules.
+func (c *conn) lookUpGroups() {
 	groups, err := c.srv.groups.groups(c.peer.UID)
 	if err != nil {
 		// The peer keeps its primary group only: rules can match less,
@@ -100,10 +110,6 @@ func (c *conn) serve(ctx context.Context, ended func()) {
 		c.srv.PeerLog.Log(c.srv.Logger, hclog.Warn, c.peer.UID, "cannot read the groups of the peer's uid", "pid", c.peer.PID, "uid", c.peer.UID, "error", err)
 	}
 	c.peer.Groups = groups
-	c.ctx, c.ended = ctx, ended
-	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
-	c.armHeartbeat()
-	go c.readLoop()
 }
 
 // armHeartbeat starts the wait for the next request: it must come within
@@ -142,20 +148,32 @@ func (c *conn) setReadDeadline(t time.Time) {
 // park).
 func (c *conn) readLoop() {
 	ctx := c.ctx
+	g := &c.srv.gate
+	g.enter()
 	var idle time.Time // when to park, once a request was handled
 	for {
-		c.lineDeadline = time.Time{}
-		c.setReadDeadline(soonest(c.hbDeadline, idle))
+		c.setReadDeadline(soonest(soonest(c.hbDeadline, idle), c.lineDeadline))
+		// Checked after the deadline is set: Freeze sets its own once the
+		// gate is frozen, which this read then fails on.
+		if g.frozen() {
+			g.pause()
+			continue
+		}
 		line, err := c.lr.readLine()
+		if err != nil && g.frozen() {
+			continue // stopped for a handover (see Server.Freeze): what was read stays
+		}
 		if err != nil {
 			if c.idleTimeout(err, idle) {
 				c.lr.idle()
+				g.exit()
 				c.park()
 				return
 			}
 			c.readFailed(err)
 			break
 		}
+		c.lineDeadline = time.Time{}
 		if ctx.Err() != nil {
 			break // closed by the agent: what was read is not its session's any more
 		}
@@ -173,6 +191,7 @@ func (c *conn) readLoop() {
 		}
 		c.armHeartbeat()
 	}
+	g.exit()
 	c.finish()
 }
 

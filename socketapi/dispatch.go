@@ -153,5 +153,5 @@ func (c *conn) tooLarge(id json.RawMessage, size int) []byte {
 // large (inspect, a denied acquire's holders): if the output budget has
 // no room for it, a limit_exceeded error goes instead.
 func (c *conn) replyLarge(id json.RawMessage, result any) {
-	c.out.answer(encodeOK(id, result), func(size int) []byte { return c.tooLarge(id, size) })
+	c.out.answer(encodeOK(id, result), func(size int) []byte { return c.tooLarge(id, size) }, true)
 }

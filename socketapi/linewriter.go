@@ -31,6 +31,9 @@ type lineWriter struct {
 	wait  bool
 	n     int
 	err   error
+	// rest is, after writeLines failed, what it did not write: the rest
+	// of the line it was writing, and the lines after.
+	rest [][]byte
 
 	one [1][]byte // write's lines, without an allocation
 }
@@ -57,11 +60,14 @@ func (w *lineWriter) writeLines(lines [][]byte) error {
 	}
 	w.lines = lines
 	defer func() { w.lines = nil }()
+	w.rest = nil
 	for {
 		if err := w.raw.Write(w.offer); err != nil {
+			w.rest = w.lines
 			return err // closed, or blocked for the whole timeout
 		}
 		if w.err != nil && w.err != syscall.EAGAIN {
+			w.rest = w.lines
 			return os.NewSyscallError("write", w.err)
 		}
 		w.lines = consume(w.lines, w.n)

@@ -84,6 +84,20 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		c.replyAcquire(id, res, err)
 		return true
 	}
+	// Its place is taken now, so that the requests read after it come
+	// after it, then it runs on its own.
+	if err := c.await(ctx, id, func() *agent.Pending { return c.sess.Begin(ar) }); err != nil {
+		c.srv.Agent.Refused(ar.Mode, err)
+		c.reply(id, nil, err)
+	}
+	return true
+}
+
+// await runs a waiting acquire, which begin places, in a goroutine of its
+// own, so that it never delays the connection's other requests: cancel
+// can name it by its id, and the agent answers it (AcquireRequest.Answered)
+// when it ends. A pending request's id used again is an error.
+func (c *conn) await(ctx context.Context, id json.RawMessage, begin func() *agent.Pending) error {
 	ctx, cancel := context.WithCancel(ctx)
 	key, cancellable := idKey(id)
 	p := &pendingReq{cancel: cancel, done: make(chan struct{})}
@@ -92,10 +106,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		if _, dup := c.pending[key]; dup {
 			c.mu.Unlock()
 			cancel()
-			err := fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument)
-			c.srv.Agent.Refused(ar.Mode, err)
-			c.reply(id, nil, err)
-			return true
+			return fmt.Errorf("%w: id is already used by a pending request", agent.ErrInvalidArgument)
 		}
 		if c.pending == nil {
 			c.pending = make(map[string]*pendingReq)
@@ -103,26 +114,58 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 		c.pending[key] = p
 	}
 	c.mu.Unlock()
-	// Its place is taken now, so that the requests read after it come
-	// after it, then it runs on its own.
-	acq := c.sess.Begin(ar)
+	acq := begin()
+	if k := acq.Key(); k != "" {
+		c.mu.Lock()
+		if c.waiting == nil {
+			c.waiting = make(map[string]json.RawMessage)
+		}
+		c.waiting[k] = id
+		c.mu.Unlock()
+	}
+	// Told in the agent's step: a connection handed over has either
+	// queued the answer or kept the acquire (see Server.Snapshot).
+	acq.Answered(func(res agent.AcquireResult, err error) {
+		c.mu.Lock()
+		if cancellable && c.pending[key] == p {
+			delete(c.pending, key)
+		}
+		delete(c.waiting, acq.Key())
+		c.mu.Unlock()
+		c.queueAcquire(id, res, err)
+	})
 	c.reqWG.Add(1)
 	go func() {
 		defer c.reqWG.Done()
 		defer cancel()
 		res, err := acq.Run(ctx)
-		if cancellable {
+		if acq.Key() == "" {
+			// Refused before it took a place: nobody told it.
 			c.mu.Lock()
-			if c.pending[key] == p {
+			if cancellable && c.pending[key] == p {
 				delete(c.pending, key)
 			}
 			c.mu.Unlock()
+			c.queueAcquire(id, res, err)
 		}
-		c.replyAcquire(id, res, err)
+		c.out.enqueue(nil, true)
 		p.canceled = errors.Is(err, context.Canceled)
 		close(p.done)
 	}()
-	return true
+	return nil
+}
+
+// queueAcquire queues the answer of a waiting acquire, without writing it:
+// a grant's is queued already (Granted).
+func (c *conn) queueAcquire(id json.RawMessage, res agent.AcquireResult, err error) {
+	switch {
+	case err != nil:
+		c.out.enqueue(c.errorLine(id, err), false)
+	case res.Acquired:
+	default:
+		c.out.answer(encodeOK(id, wire.Denied{Reason: res.Reason, Holders: toHolders(res.Holders)}),
+			func(size int) []byte { return c.tooLarge(id, size) }, false)
+	}
 }
 
 // replyAcquire answers an acquire; a grant is already queued (Granted).

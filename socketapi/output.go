@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 )
 
 // output is a connection's lines on their way to the peer: a bounded queue
@@ -43,6 +44,7 @@ type output struct {
 	writing bool    // a goroutine is draining lines; it is the only writer
 	closing bool    // close once lines is drained
 	closed  bool
+	frozen  bool // for a handover (see Server.Freeze): nothing is written
 
 	writers sync.WaitGroup // the goroutines draining lines
 }
@@ -216,17 +218,17 @@ func (o *output) enqueue(line []byte, inline bool) {
 	o.put(line, inline)
 }
 
-// answer enqueues an answer, to be written inline. If the answer does not
-// fit the room the budget leaves this connection, the line tooLarge makes
-// goes in its place: the client is told, and keeps its connection.
-func (o *output) answer(line []byte, tooLarge func(size int) []byte) {
+// answer enqueues an answer, as enqueue does. If the answer does not fit
+// the room the budget leaves this connection, the line tooLarge makes goes
+// in its place: the client is told, and keeps its connection.
+func (o *output) answer(line []byte, tooLarge func(size int) []byte, inline bool) {
 	if !o.charge(len(line), true) {
 		line = tooLarge(len(line))
 		if !o.charge(len(line), false) {
 			return
 		}
 	}
-	o.put(line, true)
+	o.put(line, inline)
 }
 
 // put adds a line charged already (if not nil) to the queue, as enqueue.
@@ -249,7 +251,7 @@ func (o *output) put(line []byte, inline bool) {
 	if line != nil {
 		o.push(line)
 	}
-	if o.writing || len(o.lines) == 0 {
+	if o.writing || o.frozen || len(o.lines) == 0 {
 		o.mu.Unlock()
 		return
 	}
@@ -268,7 +270,7 @@ func (o *output) drain() {
 	defer o.writers.Done()
 	for {
 		o.mu.Lock()
-		if len(o.lines) == 0 || o.closed {
+		if len(o.lines) == 0 || o.closed || o.frozen {
 			o.writing = false
 			if o.closing && !o.closed {
 				o.closeNow()
@@ -288,6 +290,22 @@ func (o *output) drain() {
 		}
 		o.mu.Lock()
 		written := len(batch)
+		if err != nil && o.frozen && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Stopped for a handover (see freeze): what was not written
+			// goes back at the head of the queue, a line's rest included.
+			rest := slices.Clone(o.w.rest)
+			o.wrote += uint64(written - len(rest))
+			o.lines = append(rest, o.lines...)
+			o.bytes, o.longest = 0, 0
+			for _, l := range o.lines {
+				o.bytes += len(l)
+				o.longest = max(o.longest, len(l))
+			}
+			o.writing = false
+			o.mu.Unlock()
+			o.credit(size - sum(rest))
+			return
+		}
 		if cap(batch) <= 64 { // keep a small queue for reuse, not a burst's
 			clear(batch)
 			o.spare = batch[:0]
@@ -314,6 +332,43 @@ func (o *output) drain() {
 		o.mu.Unlock()
 		o.credit(size)
 	}
+}
+
+// freeze stops the writer for a handover: a write under way is cut short,
+// and what it had not written goes back to the queue (see drain). Once
+// freeze returns, nothing more is written until thaw.
+func (o *output) freeze() {
+	o.mu.Lock()
+	o.frozen = true
+	if o.writing {
+		o.w.nc.SetWriteDeadline(time.Unix(1, 0))
+	}
+	o.mu.Unlock()
+	o.writers.Wait()
+}
+
+// thaw lets the writer go on with what is queued.
+func (o *output) thaw() {
+	o.w.nc.SetWriteDeadline(time.Time{})
+	o.mu.Lock()
+	o.frozen = false
+	o.mu.Unlock()
+	o.put(nil, false)
+}
+
+// queued is what the queue holds, for a handover.
+func (o *output) queued() [][]byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.lines)
+}
+
+func sum(lines [][]byte) int {
+	n := 0
+	for _, l := range lines {
+		n += len(l)
+	}
+	return n
 }
 
 // answerBuf is an answer built a piece at a time, charged to the budget

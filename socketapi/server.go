@@ -64,6 +64,14 @@ type Server struct {
 	groups *groupCache
 	budget *outputBudget
 	lists  *turns // see conn.list
+	gate   gate   // the handover's (see Freeze)
+
+	// mu guards the connections and the listener, which Serve sets.
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
+	perUID map[uint32]int // open connections by uid
+	ln     *Listener
+	wg     sync.WaitGroup // every connection's goroutines
 }
 
 func (s *Server) setDefaults() {
@@ -141,19 +149,23 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 	} else {
 		defer idle.close()
 	}
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		conns  = make(map[*conn]struct{})
-		perUID = make(map[uint32]int) // open connections by uid
-	)
+	s.mu.Lock()
+	s.conns, s.perUID, s.ln = make(map[*conn]struct{}), make(map[uint32]int), ln
+	s.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 
 	var backoff time.Duration
+	s.gate.enter()
 	for {
 		var nc *net.UnixConn
 		nc, err = ln.AcceptUnix()
+		if err != nil && s.gate.frozen() && ctx.Err() == nil {
+			// Stopped for a handover (see Freeze): it takes the backlog.
+			s.gate.pause()
+			ln.SetDeadline(time.Time{})
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				err = nil
@@ -177,51 +189,58 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 			nc.Close()
 			continue
 		}
-		mu.Lock()
-		n := len(conns)
+		s.mu.Lock()
+		n := len(s.conns)
 		full := n >= s.MaxConns && (n >= s.MaxConns+agent.AdminReserve || !s.admin(peer))
-		fullUID := s.MaxConnsPerUID > 0 && perUID[peer.UID] >= s.MaxConnsPerUID
-		if !full && !fullUID {
-			perUID[peer.UID]++
-		}
-		mu.Unlock()
+		fullUID := s.MaxConnsPerUID > 0 && s.perUID[peer.UID] >= s.MaxConnsPerUID
+		s.mu.Unlock()
 		if full || fullUID {
-			wg.Add(1)
+			s.wg.Add(1)
 			go func() {
-				defer wg.Done()
+				defer s.wg.Done()
 				s.refuse(nc, peer, fullUID)
 			}()
 			continue
 		}
-		// Requests end with their connection, not with the server's
-		// context: at shutdown the agent answers them itself.
-		cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c := newConn(s, nc, idle, peer, cancel)
-		mu.Lock()
-		conns[c] = struct{}{}
-		mu.Unlock()
-		wg.Add(1)
-		go c.serve(cctx, func() {
-			mu.Lock()
-			delete(conns, c)
-			if perUID[peer.UID]--; perUID[peer.UID] == 0 {
-				delete(perUID, peer.UID)
-			}
-			mu.Unlock()
-			wg.Done()
-		})
+		c := s.add(ctx, nc, idle, peer)
+		go c.serve()
 	}
+	s.gate.exit()
 	ln.Close()
 	if ctx.Err() != nil {
 		<-s.Agent.Done()
 	}
-	mu.Lock()
-	for c := range conns {
+	s.mu.Lock()
+	for c := range s.conns {
 		c.Close()
 	}
-	mu.Unlock()
-	wg.Wait()
+	s.mu.Unlock()
+	s.wg.Wait()
 	return err
+}
+
+// add registers the connection of nc, from peer, until it ends. Its
+// requests end with it, not with the server's context ctx: at shutdown
+// the agent answers them itself.
+func (s *Server) add(ctx context.Context, nc *net.UnixConn, idle *idlePoller, peer agent.Peer) *conn {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := newConn(s, nc, idle, peer, cancel)
+	c.ctx = cctx
+	c.ended = func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		if s.perUID[peer.UID]--; s.perUID[peer.UID] == 0 {
+			delete(s.perUID, peer.UID)
+		}
+		s.mu.Unlock()
+		s.wg.Done()
+	}
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.perUID[peer.UID]++
+	s.mu.Unlock()
+	s.wg.Add(1)
+	return c
 }
 
 // admin tells whether peer is an admin, its groups looked up (a peer's
