@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/testkit/agentbin"
 )
 
 // peerEnv switches the test binary into a peer process (see peerMain).
@@ -222,7 +224,7 @@ type peerProc struct {
 func startPeer(t *testing.T, c cred, mode, path string, args ...string) *peerProc {
 	t.Helper()
 	cmd := exec.Command(peerBinary(t), append([]string{path}, args...)...)
-	cmd.Env = append(os.Environ(), peerEnv+"="+mode, "GORACE=atexit_sleep_ms=0")
+	cmd.Env = agentbin.Env(t.TempDir(), peerEnv+"="+mode)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.gid, Groups: c.groups}}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)

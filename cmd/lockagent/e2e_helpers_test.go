@@ -40,8 +40,13 @@ const (
 	exitTimeout = 10 * time.Second
 )
 
-// lockagentBin is the binary under test, built by TestMain.
-var lockagentBin string
+var (
+	// lockagentBin is the binary under test, built by TestMain.
+	lockagentBin string
+	// testHome is HOME and XDG_RUNTIME_DIR of the processes the tests
+	// start (see baseEnv), made by TestMain.
+	testHome string
+)
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
@@ -51,7 +56,8 @@ func TestMain(m *testing.M) {
 }
 
 // buildAndRun builds the lockagent binary into a temporary directory (with
-// the race detector when the tests have it) and runs the tests.
+// the race detector when the tests have it), makes the processes' home
+// there and runs the tests.
 func buildAndRun(m *testing.M) int {
 	flag.Parse()
 	if testing.Short() {
@@ -63,6 +69,11 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	testHome = filepath.Join(dir, "home")
+	if err := os.Mkdir(testHome, 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	if lockagentBin, err = agentbin.Build(dir, testVersion); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: building lockagent:", err)
 		return 1
@@ -154,7 +165,7 @@ type proc struct {
 
 // baseEnv is the environment of a process the tests start (see
 // agentbin.Env), which is never a helper process unless it says so.
-func baseEnv() []string { return agentbin.Env() }
+func baseEnv() []string { return agentbin.Env(testHome) }
 
 // startProc starts path with args and env (baseEnv plus extra).
 func startProc(t *testing.T, name string, extraEnv []string, path string, args ...string) *proc {

@@ -74,20 +74,24 @@ func goTool() string {
 	return "go"
 }
 
-// Env is the test's environment for a lockagent process it starts, with
-// extra added: without what would point the process at another agent
-// (LOCKAGENT_SOCKET overrides an agent's config, and the README has its
-// reader export it; XDG_RUNTIME_DIR moves the default socket) or at the
-// host's systemd, and with a race detector that does not sleep a second at
-// exit. Tests never depend on the shell they run in.
-func Env(extra ...string) []string {
+// Env is the test's environment for a lockagent process it starts (an
+// agent or a client command), with extra added: without what would lead
+// the process to another agent (LOCKAGENT_SOCKET overrides an agent's
+// config, and the README has its reader export it), to the host's systemd
+// or to the user's directories. Every LOCKAGENT_ variable goes; HOME and
+// XDG_RUNTIME_DIR become home, a directory of the test's, and
+// XDG_STATE_HOME goes, so that a default socket or state directory the
+// process derives lies there. A race-enabled process exits without the
+// detector's second of sleep. Tests never depend on the shell they run in.
+func Env(home string, extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
 		case strings.HasPrefix(k, "LOCKAGENT_"):
-		case k == "GORACE", k == "XDG_RUNTIME_DIR", k == "NOTIFY_SOCKET", k == "WATCHDOG_USEC", k == "WATCHDOG_PID",
-			k == "LISTEN_FDS", k == "LISTEN_PID", k == "LISTEN_FDNAMES", k == "INVOCATION_ID", k == "CREDENTIALS_DIRECTORY":
+		case k == "GORACE", k == "HOME", k == "XDG_RUNTIME_DIR", k == "XDG_STATE_HOME",
+			k == "NOTIFY_SOCKET", k == "WATCHDOG_USEC", k == "WATCHDOG_PID", k == "LISTEN_FDS", k == "LISTEN_PID",
+			k == "LISTEN_FDNAMES", k == "INVOCATION_ID", k == "JOURNAL_STREAM", k == "CREDENTIALS_DIRECTORY":
 		default:
 			env = append(env, kv)
 		}
@@ -96,5 +100,6 @@ func Env(extra ...string) []string {
 	if !strings.Contains(gorace, "atexit_sleep_ms") {
 		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
 	}
-	return append(append(env, "GORACE="+gorace), extra...)
+	env = append(env, "HOME="+home, "XDG_RUNTIME_DIR="+home, "GORACE="+gorace)
+	return append(env, extra...)
 }

@@ -94,7 +94,7 @@ func (a *agent) start() error {
 	a.starts++
 	fmt.Fprintf(logf, "=== chaos: start #%d of agent %d at %s\n", a.starts, a.idx, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(a.bin, "agent", "-config", a.config, "-socket", a.socket)
-	cmd.Env = agentbin.Env()
+	cmd.Env = agentbin.Env(a.dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If the test binary dies without its cleanups, the agent goes too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
