@@ -14,23 +14,31 @@ const execFileP = promisify(execFile);
 const repoRoot = path.resolve(__dirname, '..', '..', '..');
 
 let built;
+// HOME and XDG_RUNTIME_DIR of the processes the tests start (see cleanEnv).
+let home;
 
 /**
  * The test's environment for the processes it starts, with extra set, and
- * without what would point them at another agent (LOCKAGENT_SOCKET, which
- * overrides an agent's config, as the README has its reader export it)
- * or at the host's systemd: the tests never depend on the shell they run
- * in.
+ * without what would lead them to another agent (LOCKAGENT_SOCKET, which
+ * overrides an agent's config, as the README has its reader export it),
+ * to the host's systemd or to the user's directories: HOME and
+ * XDG_RUNTIME_DIR are a directory of the test process's, so that a
+ * default socket or state directory a process derives lies there. The
+ * tests never depend on the shell they run in.
  */
 function cleanEnv(extra = {}) {
+  if (home === undefined) {
+    home = fs.mkdtempSync(path.join(os.tmpdir(), 'la-node-home-'));
+    process.on('exit', () => fs.rmSync(home, { recursive: true, force: true }));
+  }
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {
-    if (k.startsWith('LOCKAGENT_') && k !== 'LOCKAGENT_BIN') continue;
-    if (['XDG_RUNTIME_DIR', 'NOTIFY_SOCKET', 'INVOCATION_ID', 'LISTEN_FDS', 'LISTEN_PID', 'LISTEN_FDNAMES',
-      'WATCHDOG_USEC', 'WATCHDOG_PID', 'CREDENTIALS_DIRECTORY'].includes(k)) continue;
+    if (k.startsWith('LOCKAGENT_')) continue;
+    if (['HOME', 'XDG_RUNTIME_DIR', 'XDG_STATE_HOME', 'NOTIFY_SOCKET', 'INVOCATION_ID', 'LISTEN_FDS', 'LISTEN_PID',
+      'LISTEN_FDNAMES', 'WATCHDOG_USEC', 'WATCHDOG_PID', 'JOURNAL_STREAM', 'CREDENTIALS_DIRECTORY'].includes(k)) continue;
     env[k] = v;
   }
-  return { ...env, ...extra };
+  return { ...env, HOME: home, XDG_RUNTIME_DIR: home, ...extra };
 }
 
 /**
