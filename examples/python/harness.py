@@ -16,15 +16,17 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-# Variables that would point a child at another agent or at the host's systemd.
-# What would point a process the tests start at another agent
+# What would lead a process the tests start to another agent
 # (LOCKAGENT_SOCKET overrides an agent's config, and the README has its
-# reader export it) or at the host's systemd: the tests never depend on the
-# shell they run in.
-_SCRUBBED = ("LOCKAGENT_SOCKET", "XDG_RUNTIME_DIR", "NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS",
-             "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID", "CREDENTIALS_DIRECTORY")
+# reader export it), to the host's systemd or to the user's directories,
+# besides every LOCKAGENT_ variable: the tests never depend on the shell
+# they run in.
+_SCRUBBED = ("HOME", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "NOTIFY_SOCKET", "INVOCATION_ID",
+             "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID",
+             "JOURNAL_STREAM", "CREDENTIALS_DIRECTORY")
 
 _binary = None
+_home = None
 
 
 def lockagent_bin():
@@ -44,7 +46,18 @@ def lockagent_bin():
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    """The test's environment for a process it starts (an agent, a client
+    command, an example), with ``extra`` set: without ``_SCRUBBED`` and the
+    LOCKAGENT_ variables, HOME and XDG_RUNTIME_DIR a directory of the test
+    run's, so that a default socket or state directory the process derives
+    lies there."""
+    global _home
+    if _home is None:
+        _home = tempfile.mkdtemp(prefix="la-home")
+        atexit.register(shutil.rmtree, _home, True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SCRUBBED and not k.startswith("LOCKAGENT_")}
+    env.update(HOME=_home, XDG_RUNTIME_DIR=_home)
     env.update(extra)
     return env
 
