@@ -141,12 +141,14 @@ func (a *Agent) Snapshot() (State, error) {
 // Restore returns an agent that goes on from st, which another process
 // took elapsed ago: cfg is this process's configuration, conn gives each
 // session that was attached its connection. Every deadline falls when it
-// would have, never later. Its campaigns go on at once; the waiting
-// acquires are returned, by key, for the caller to run (Pending.Run) and
-// answer. Call Run then.
+// would have, never later. The agent is frozen (see Freeze) until Thaw,
+// which the caller calls once the state is its own: then its campaigns go
+// on. The waiting acquires are returned, by key, for the caller to run
+// (Pending.Run) and answer. Call Run then.
 func Restore(cfg Config, st State, elapsed time.Duration, conn func(session string) Conn) (*Agent, map[string]*Pending, error) {
 	a := New(cfg)
 	a.since = st.Since
+	a.frozen = true
 	now := time.Now().Add(-elapsed)
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -140,6 +140,7 @@ func TestSnapshotRestore(t *testing.T) {
 			return conns[id]
 		})
 		require.NoError(t, err)
+		na.Thaw()
 		ctx, cancel = context.WithCancel(context.Background())
 		newDone := make(chan struct{})
 		go func() { na.Run(ctx); close(newDone) }()

@@ -94,8 +94,13 @@ func sessionInfo(s wire.Session) SessionInfo {
 
 // Status is what the agent says of itself.
 type Status struct {
-	Version      string
-	Uptime       time.Duration
+	Version string
+	PID     int           // the agent's process, which an upgrade changes
+	Uptime  time.Duration // since the agent first started, upgrades aside
+	// The upgrade that handed the agent over to its process, if one did,
+	// UpgradedAgo ago; and how long its clients waited for it.
+	UpgradedAgo  time.Duration
+	UpgradeWait  time.Duration
 	Backend      string // memory or redis
 	BackendState string // ok, or degraded while renewals fail
 	// BackendError is the last backend call that could not reach it, if
@@ -114,7 +119,8 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 	if err := c.Call(ctx, "status", nil, &r); err != nil {
 		return nil, err
 	}
-	return &Status{Version: r.Version, Uptime: msDuration(r.UptimeMs), Backend: r.Backend, BackendState: r.BackendState,
+	return &Status{Version: r.Version, PID: r.PID, Uptime: msDuration(r.UptimeMs),
+		UpgradedAgo: msDuration(r.UpgradedAgoMs), UpgradeWait: msDuration(r.UpgradeMs), Backend: r.Backend, BackendState: r.BackendState,
 		BackendError: r.BackendError, BackendErrorAgo: msDuration(r.BackendErrorAgoMs),
 		Sessions: r.Sessions, Leases: r.Leases, Waiters: r.Waiters}, nil
 }
@@ -133,6 +139,26 @@ func PingAgent(ctx context.Context, path string) error {
 	}
 	defer c.Close()
 	return c.Ping(ctx)
+}
+
+// Upgraded is what Upgrade reports: the process that serves the agent
+// now, and its version.
+type Upgraded struct {
+	Version string
+	PID     int
+}
+
+// Upgrade asks the agent to hand itself over to a new process of its
+// binary, as installed now (admins only); it returns once the new process
+// serves. The connection, its session and its leases go on, like every
+// other client's. If the upgrade fails, the error has Code
+// "upgrade_failed" and says why, and the agent serves on as it was.
+func (c *Client) Upgrade(ctx context.Context) (*Upgraded, error) {
+	var r wire.UpgradeResult
+	if err := c.Call(ctx, "upgrade", nil, &r); err != nil {
+		return nil, err
+	}
+	return &Upgraded{Version: r.Version, PID: r.PID}, nil
 }
 
 // Bye ends the session: every lease it holds is released before the

@@ -120,6 +120,7 @@ const (
 	CodeBackendUnavailable = wire.CodeBackendUnavailable
 	CodeForeignKey         = wire.CodeForeignKey
 	CodeTokensExhausted    = wire.CodeTokensExhausted
+	CodeUpgradeFailed      = wire.CodeUpgradeFailed
 	CodeShuttingDown       = wire.CodeShuttingDown
 	CodeInternal           = wire.CodeInternal
 )

@@ -1,7 +1,7 @@
 // Package metrics exposes what the agent does as Prometheus metrics: it is
 // the agent's Observer (acquisitions, renewals, lost leases, backend
 // errors) and the socket server's (connections cut off, answers refused),
-// and reads the agent's counts (sessions, leases, waiters, backend state)
+// counts the agent's upgrades, and reads the agent's counts (sessions, leases, waiters, backend state)
 // at each scrape. It serves them in the text format at /metrics.
 //
 // It knows the agent's public API only, and the server's observer by its
@@ -38,6 +38,7 @@ type Metrics struct {
 	backendErrs  *prometheus.CounterVec
 	cutOff       *prometheus.CounterVec
 	refused      prometheus.Counter
+	upgrades     upgrades
 
 	// acquired holds the children of acquisitions and acquireWait for
 	// every mode and result, made by New and read only after: the
@@ -122,7 +123,7 @@ func New() *Metrics {
 			}
 		}
 	}
-	m.reg.MustRegister(m.acquisitions, m.acquireWait, m.renewBatch, m.renewLatency, m.renewFailed, m.lost, m.backendErrs, m.cutOff, m.refused,
+	m.reg.MustRegister(m.acquisitions, m.acquireWait, m.renewBatch, m.renewLatency, m.renewFailed, m.lost, m.backendErrs, m.cutOff, m.refused, &m.upgrades,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

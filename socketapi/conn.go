@@ -51,11 +51,11 @@ type conn struct {
 	end context.CancelFunc
 }
 
-// newConn returns the connection of nc, a socket accepted from peer, whose
-// context end ends.
-func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer, end context.CancelFunc) *conn {
-	fd, raw := descriptor(nc)
-	c := &conn{srv: s, nc: nc, fd: fd, idle: idle, log: s.Logger, end: end, peer: peer}
+// newConn returns the connection of nc, a socket accepted from peer.
+// register then gives it its context.
+func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer) *conn {
+	fd, raw := connFD(nc)
+	c := &conn{srv: s, nc: nc, fd: fd, idle: idle, log: s.Logger, peer: peer}
 	c.out = &output{
 		w:        newLineWriter(nc, raw, s.WriteTimeout),
 		maxBytes: s.MaxQueueBytes,

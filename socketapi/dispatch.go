@@ -127,6 +127,7 @@ var ops = map[string]func(c *conn, ctx context.Context, id json.RawMessage, req 
 
 	"campaign": (*conn).campaign,
 	"resign":   (*conn).resign,
+	"upgrade":  (*conn).upgrade,
 }
 
 // opNames are the names of the ops, which a request's op is set to

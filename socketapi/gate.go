@@ -84,11 +84,13 @@ func (g *gate) freeze(ctx context.Context, interrupt func()) error {
 	return nil
 }
 
-// thaw opens the gate.
-func (g *gate) thaw() {
+// thaw calls before, then opens the gate; before sees what those that
+// wait at the gate did before they stopped.
+func (g *gate) thaw(before func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
+	before()
 	g.closed = false
 	g.cond.Broadcast()
 }

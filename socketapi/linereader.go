@@ -30,6 +30,13 @@ type lineReader struct {
 	waitedFor bool // begun was called for the pending line
 }
 
+// resume makes the reader go on from input, read by another process and
+// not handled (a handover).
+func (lr *lineReader) resume(input []byte) {
+	lr.buf = append(make([]byte, 0, max(len(input), idleReadBuf)), input...)
+	lr.start, lr.end = 0, len(input)
+}
+
 // readLine returns the next line without its "\n" (nor a "\r" before it).
 // The slice is valid until the next call. A line longer than max bytes is
 // errLineTooLong: the reader stops at the limit and never buffers more.

@@ -31,7 +31,7 @@ func socketPair(t *testing.T) (server *net.UnixConn, client net.Conn) {
 func testLineWriter(t *testing.T, timeout time.Duration) (*lineWriter, net.Conn) {
 	t.Helper()
 	nc, peer := socketPair(t)
-	_, raw := descriptor(nc)
+	_, raw := connFD(nc)
 	require.NotNil(t, raw)
 	return newLineWriter(nc, raw, timeout), peer
 }

@@ -356,6 +356,13 @@ func (o *output) thaw() {
 	o.put(nil, false)
 }
 
+// isClosed tells whether the socket is closed.
+func (o *output) isClosed() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.closed
+}
+
 // queued is what the queue holds, for a handover.
 func (o *output) queued() [][]byte {
 	o.mu.Lock()

@@ -14,7 +14,7 @@ import (
 // when the test ends.
 func testOutput(t *testing.T, maxBytes int) (*output, net.Conn) {
 	nc, peer := socketPair(t)
-	_, raw := descriptor(nc)
+	_, raw := connFD(nc)
 	nolog := func(string, ...any) {}
 	o := &output{
 		w:           newLineWriter(nc, raw, 10*time.Second),

@@ -2,6 +2,7 @@ package socketapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,17 +62,33 @@ type Server struct {
 	// refused, for metrics.
 	Observer Observer
 
+	// Upgrade, if set, starts an upgrade, for the upgrade op: it returns
+	// at once, and the op is answered once the upgrade has ended: by the
+	// new process, or by UpgradeFailed here. Without it the op is refused.
+	Upgrade func()
+	// Upgraded is when an upgrade handed the agent over to this process,
+	// and Upgrading how long its clients waited for it; zero if none did.
+	Upgraded  time.Time
+	Upgrading time.Duration
+
 	groups *groupCache
 	budget *outputBudget
 	lists  *turns // see conn.list
 	gate   gate   // the handover's (see Freeze)
 
-	// mu guards the connections and the listener, which Serve sets.
-	mu     sync.Mutex
-	conns  map[*conn]struct{}
-	perUID map[uint32]int // open connections by uid
-	ln     *Listener
-	wg     sync.WaitGroup // every connection's goroutines
+	// A handover's connections (see Adopt), which Serve goes on with.
+	adopted []adopted
+	gone    []string // sessions whose connection was ending
+	resumed map[string]*agent.Pending
+
+	// mu guards the connections and the listener, which Serve sets, and
+	// the upgrade ops waiting for the upgrade's end.
+	mu        sync.Mutex
+	upgrading map[*conn][]json.RawMessage
+	conns     map[*conn]struct{}
+	perUID    map[uint32]int // open connections by uid
+	ln        *Listener
+	wg        sync.WaitGroup // every connection's goroutines
 }
 
 func (s *Server) setDefaults() {
@@ -104,6 +121,9 @@ func (s *Server) setDefaults() {
 	}
 	if s.GroupsOf == nil {
 		s.GroupsOf = GroupsOfUID
+	}
+	if s.budget != nil {
+		return // set already (Adopt, then Serve)
 	}
 	s.groups = &groupCache{lookup: s.GroupsOf, ttl: groupCacheTTL}
 	s.budget = newOutputBudget(s.MaxOutputBytes, s.MaxOutputBytesPerUID)
@@ -152,6 +172,7 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 	s.mu.Lock()
 	s.conns, s.perUID, s.ln = make(map[*conn]struct{}), make(map[uint32]int), ln
 	s.mu.Unlock()
+	s.goOn(ctx, idle)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 
@@ -202,7 +223,8 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 			}()
 			continue
 		}
-		c := s.add(ctx, nc, idle, peer)
+		c := newConn(s, nc, idle, peer)
+		s.register(ctx, c)
 		go c.serve()
 	}
 	s.gate.exit()
@@ -219,28 +241,26 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 	return err
 }
 
-// add registers the connection of nc, from peer, until it ends. Its
+// register counts c among the server's connections until it ends. Its
 // requests end with it, not with the server's context ctx: at shutdown
 // the agent answers them itself.
-func (s *Server) add(ctx context.Context, nc *net.UnixConn, idle *idlePoller, peer agent.Peer) *conn {
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c := newConn(s, nc, idle, peer, cancel)
-	c.ctx = cctx
+func (s *Server) register(ctx context.Context, c *conn) {
+	c.ctx, c.end = context.WithCancel(context.WithoutCancel(ctx))
+	uid := c.peer.UID
 	c.ended = func() {
 		s.mu.Lock()
 		delete(s.conns, c)
-		if s.perUID[peer.UID]--; s.perUID[peer.UID] == 0 {
-			delete(s.perUID, peer.UID)
+		if s.perUID[uid]--; s.perUID[uid] == 0 {
+			delete(s.perUID, uid)
 		}
 		s.mu.Unlock()
 		s.wg.Done()
 	}
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
-	s.perUID[peer.UID]++
+	s.perUID[uid]++
 	s.mu.Unlock()
 	s.wg.Add(1)
-	return c
 }
 
 // admin tells whether peer is an admin, its groups looked up (a peer's
@@ -250,9 +270,9 @@ func (s *Server) admin(peer agent.Peer) bool {
 	return s.Agent.IsAdmin(peer)
 }
 
-// descriptor is the socket's file descriptor, or -1, and its raw
+// connFD is the socket's file descriptor, or -1, and its raw
 // connection, or nil.
-func descriptor(nc *net.UnixConn) (int32, syscall.RawConn) {
+func connFD(nc *net.UnixConn) (int32, syscall.RawConn) {
 	fd := int32(-1)
 	rc, err := nc.SyscallConn()
 	if err != nil {

@@ -3,6 +3,7 @@ package socketapi
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"time"
 
 	"github.com/lockagent/lockagent/internal/wire"
@@ -19,12 +20,17 @@ func (c *conn) status(_ context.Context, id json.RawMessage, _ *request) bool {
 	}
 	res := wire.StatusResult{
 		Version:      info.Version,
+		PID:          os.Getpid(),
 		UptimeMs:     time.Since(a.Started()).Milliseconds(),
 		Backend:      info.Backend,
 		BackendState: state,
 		Sessions:     st.Sessions,
 		Leases:       st.Leases,
 		Waiters:      st.Waiters,
+	}
+	if !c.srv.Upgraded.IsZero() {
+		res.UpgradedAgoMs = max(time.Since(c.srv.Upgraded).Milliseconds(), 1)
+		res.UpgradeMs = max(c.srv.Upgrading.Milliseconds(), 1)
 	}
 	if st.BackendError != "" {
 		res.BackendError = st.BackendError

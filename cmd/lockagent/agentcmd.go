@@ -5,19 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/handover"
 	"github.com/lockagent/lockagent/internal/lockfile"
 	"github.com/lockagent/lockagent/internal/peerlog"
+	"github.com/lockagent/lockagent/metrics"
 	"github.com/lockagent/lockagent/socketapi"
 )
 
@@ -55,6 +61,7 @@ func agentCmd(args []string, stderr io.Writer) error {
 	out, journal := logOutput(stderr)
 	cfg, err := loadConfig(*file, *socket, *level)
 	if err != nil {
+		cannotTakeOver(err)
 		if journal {
 			// An error to the journal, though no logger is set up yet.
 			journalWriter{stderr}.LevelWrite(hclog.Error, fmt.Appendf(nil, "lockagent: %v\n", err))
@@ -78,35 +85,97 @@ func agentCmd(args []string, stderr io.Writer) error {
 }
 
 // serveAgent runs the agent configured by cfg until a signal stops it;
-// file and level are for reloads.
+// file and level are for reloads. An upgrade that hands the agent over to
+// a new process ends this one at once (see run). A process started by an upgrade takes the agent over instead
+// of starting one (see takeOver).
 func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
-	access, err := accessOf(cfg)
-	if err != nil {
-		return err
-	}
 	// Signals are ours from here on: a SIGTERM during start-up stops the
 	// agent cleanly instead of killing it with the socket bound.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	in := &instance{cfg: cfg, log: log, file: file, level: level}
+	if fd := os.Getenv(handover.Env); fd != "" {
+		os.Unsetenv(handover.Env)
+		return in.takeOver(ctx, fd)
+	}
+	if err := in.start(ctx); err != nil {
+		if ctx.Err() != nil && errors.Is(err, errStopped) {
+			return nil
+		}
+		return err
+	}
+	return in.run(ctx, stop)
+}
 
+// instance is an agent and what it serves: its backend, its socket server
+// and listener, its metrics, the state directory's lock; as start opens
+// them, or takeOver takes them over from another process.
+type instance struct {
+	cfg         config.Config
+	log         hclog.Logger
+	file, level string // for reloads
+
+	b         backend.Backend
+	mem       *memory.Backend // b, when it is the embedded backend
+	a         *agent.Agent
+	srv       *socketapi.Server
+	ln        *socketapi.Listener
+	stateLock *lockfile.Lock // the memory backend's state directory's
+	mt        *metrics.Metrics
+	mln       net.Listener
+
+	// Set by takeOver: the process it took over from, the handover
+	// conversation, which ends when that process has exited.
+	from     *handover.Conn
+	fromPID  int
+	upgraded time.Time
+
+	// upgrades counts the agent's upgrades, those of the processes before
+	// this one too; the upgrader's, and takeOver's before it.
+	upgrades handover.Upgrades
+}
+
+// countUpgrades shows the counts of upgrades in the metrics.
+func (in *instance) countUpgrades() {
+	if in.mt != nil {
+		in.mt.SetUpgrades(in.upgrades.Succeeded, in.upgrades.Failed, in.upgraded, in.srv.Upgrading)
+	}
+}
+
+// exitWait bounds how long a process that took an agent over waits for
+// the old process to exit.
+const exitWait = 5 * time.Second
+
+// errStopped: a signal stopped the agent while it started.
+var errStopped = errors.New("stopped during start-up")
+
+// start opens the socket, the state directory, the metrics' endpoint and
+// the backend, and makes the agent and its server.
+func (in *instance) start(ctx context.Context) (err error) {
+	cfg, log := in.cfg, in.log
+	access, err := accessOf(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			in.close()
+		}
+	}()
 	// The socket first: an agent refused because another one serves the
 	// path must not touch that one's state. A socket handed over by
 	// systemd is used as it is, without the lock Listen takes: the socket
 	// unit owns the path and keeps it listening, so an agent started by
 	// hand on it finds it live and is refused.
-	ln, err := socketapi.Activated()
-	if err != nil {
+	if in.ln, err = socketapi.Activated(); err != nil {
 		return err
 	}
-	if ln == nil {
-		if ln, err = socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group); err != nil {
+	if in.ln == nil {
+		if in.ln, err = socketapi.Listen(cfg.Socket.Path, cfg.Socket.Mode, cfg.Socket.Group); err != nil {
 			return err
 		}
 	} else {
-		addr := ln.Addr().String()
+		addr := in.ln.Addr().String()
 		log.Info("serving the socket systemd handed over", "socket", addr)
 		if addr != cfg.Socket.Path {
 			log.Warn("the socket systemd handed over is not socket.path; clients looking there will not find the agent", "socket", addr, "socket.path", cfg.Socket.Path)
@@ -116,35 +185,33 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 	// backend's fencing epoch there must have one writer, or two agents
 	// could hand out the same tokens. Other backends keep nothing there.
 	if cfg.Backend.Kind == "memory" {
-		lock, err := lockStateDir(cfg.StateDir)
-		if err != nil {
-			ln.Close()
+		if in.stateLock, err = lockStateDir(cfg.StateDir); err != nil {
 			return err
 		}
-		defer lock.Release()
 	}
-	mt, mln, err := listenMetrics(cfg.Metrics.Address)
-	if err != nil {
-		ln.Close()
+	if in.mt, in.mln, err = listenMetrics(cfg.Metrics.Address); err != nil {
 		return err
 	}
-	b, err := openBackend(ctx, cfg, log.Named("backend"))
-	if err != nil {
-		ln.Close()
-		closeMetrics(mln)
+	if in.b, err = openBackend(ctx, cfg, log.Named("backend")); err != nil {
 		if ctx.Err() != nil {
-			// Stopped while the backend was opening: a clean stop.
 			log.Info("stopped during start-up", "error", err)
-			return nil
+			return errStopped
 		}
 		return err
 	}
-	defer b.Close()
+	in.mem, _ = in.b.(*memory.Backend)
+	in.a = agent.New(in.agentConfig(access))
+	in.srv = in.server()
+	return nil
+}
+
+// agentConfig is the agent's configuration.
+func (in *instance) agentConfig(access agent.Access) agent.Config {
+	cfg := in.cfg
 	host, _ := os.Hostname()
-	peerLog := peerlog.Default()
-	a := agent.New(agent.Config{
-		Backend:             b,
-		Logger:              log.Named("agent"),
+	return agent.Config{
+		Backend:             in.b,
+		Logger:              in.log.Named("agent"),
 		Host:                host,
 		Version:             version,
 		DefaultTTL:          cfg.Leases.DefaultTTL,
@@ -156,12 +223,22 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 		MaxSessionsPerUID:   cfg.Limits.MaxSessionsPerUID,
 		MaxLeasesPerUID:     cfg.Limits.MaxLeasesPerUID,
 		Access:              access,
-		Observer:            observer(mt),
+		Observer:            observer(in.mt),
 		PeerLog:             peerLog,
-	})
-	srv := &socketapi.Server{
-		Agent:          a,
-		Logger:         log.Named("socket"),
+	}
+}
+
+// peerLog rate-limits the log lines a peer causes, for the agent and its
+// server alike.
+var peerLog = peerlog.Default()
+
+// server is the agent's socket server; its Agent is set by start, or
+// after a takeover's restore.
+func (in *instance) server() *socketapi.Server {
+	cfg := in.cfg
+	return &socketapi.Server{
+		Agent:          in.a,
+		Logger:         in.log.Named("socket"),
 		MaxLineBytes:   cfg.Limits.MaxLineBytes,
 		MaxConns:       cfg.Limits.MaxSessions,
 		MaxConnsPerUID: cfg.Limits.MaxConnectionsPerUID,
@@ -169,31 +246,75 @@ func serveAgent(cfg config.Config, log hclog.Logger, file, level string) error {
 		MaxOutputBytes:       cfg.Limits.MaxOutputBytes,
 		MaxOutputBytesPerUID: cfg.Limits.MaxOutputBytesPerUID,
 		PeerLog:              peerLog,
-		Observer:             serverObserver(mt),
+		Observer:             serverObserver(in.mt),
 		// An agent allocates little once its sessions are idle, and might
 		// keep a burst's stacks for minutes.
 		AfterIdleBurst: debug.FreeOSMemory,
 	}
+}
 
+// close closes what start or takeOver opened, when they fail.
+func (in *instance) close() {
+	if in.b != nil {
+		in.b.Close()
+	}
+	if in.ln != nil {
+		in.ln.Close()
+	}
+	closeMetrics(in.mln)
+	if in.stateLock != nil {
+		in.stateLock.Release()
+	}
+}
+
+// run serves until ctx is done, then shuts the agent down; or until an
+// upgrade has handed the agent over, when the process exits at once.
+func (in *instance) run(ctx context.Context, stop context.CancelFunc) error {
+	log, a := in.log, in.a
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+
+	up := newUpgrader(in)
+	in.srv.Upgrade = up.start
 	var wg sync.WaitGroup
 	var serveErr error
 	wg.Add(2)
 	go func() { defer wg.Done(); a.Run(ctx) }()
 	go func() {
 		defer wg.Done()
-		if serveErr = srv.Serve(ctx, ln); serveErr != nil {
+		if serveErr = in.srv.Serve(ctx, in.ln); serveErr != nil {
 			stop()
 		}
 	}()
-	if mt != nil {
-		mt.Watch(a)
+	if in.mt != nil {
+		in.mt.Watch(a)
 		wg.Add(1)
-		go func() { defer wg.Done(); serveMetrics(ctx, mt, mln, log) }()
+		go func() { defer wg.Done(); serveMetrics(ctx, in.mt, in.mln, log) }()
 	}
-	log.Info("agent started", "socket", ln.Addr().String(), "backend", b.Name(), "version", version)
-	n := newNotifier(b.Name(), log.Named("systemd"))
+	if in.from != nil {
+		// The old process tells systemd that this one is the service's
+		// main process now, and exits: only then may this one notify.
+		in.from.SetDeadline(time.Now().Add(exitWait))
+		in.from.Recv(&struct{}{}) // the end of the conversation
+		in.from.Close()
+		log.Info("took the agent over", "from_pid", in.fromPID, "socket", in.ln.Addr().String(), "backend", in.b.Name(),
+			"version", version, "clients_waited", in.srv.Upgrading)
+	} else {
+		log.Info("agent started", "socket", in.ln.Addr().String(), "backend", in.b.Name(), "version", version)
+	}
+	n := newNotifier(in.b.Name(), log.Named("systemd"))
 	n.ready(a.Stats())
-	supervise(ctx, n, hup, a.Stats, func() { reload(file, level, log, a) })
+	if pid := supervise(ctx, n, hup, usr2, up, a.Stats, func() { reload(in.file, in.level, log, a) }); pid != 0 {
+		// The sockets, the leases and the state directory are the new
+		// process's: nothing may be closed, released or unlinked here, as
+		// returning would, cancelling what serves them. Exit at once.
+		log.Info("exiting: the agent is another process's now", "pid", pid)
+		os.Exit(0)
+	}
 	log.Info("shutting down")
 	n.stopping()
 	wg.Wait()

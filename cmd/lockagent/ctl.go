@@ -76,7 +76,7 @@ func reachError(path string, err error) error {
 
 func ctlCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{"ctl needs a subcommand: list, inspect, break or status"}
+		return usageError{"ctl needs a subcommand: list, inspect, break, status or upgrade"}
 	}
 	sub, rest := args[0], args[1:]
 	fs := newFlagSet("ctl "+sub, stderr)
@@ -126,6 +126,11 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 			return usageError{"ctl status takes no arguments"}
 		}
 		return status(ctx, *socket, *asJSON, stdout)
+	case "upgrade":
+		if len(names) != 0 {
+			return usageError{"ctl upgrade takes no arguments"}
+		}
+		return upgrade(ctx, *socket, stdout)
 	case "inspect", "break":
 		if len(names) != 1 {
 			return usageError{fmt.Sprintf("ctl %s takes one lock name", sub)}
@@ -285,7 +290,11 @@ func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) e
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 1, ' ', 0)
 	fmt.Fprintf(tw, "version:\t%s\n", st.Version)
+	fmt.Fprintf(tw, "pid:\t%d\n", st.PID)
 	fmt.Fprintf(tw, "uptime:\t%s\n", st.Uptime.Round(time.Second))
+	if st.UpgradedAgo > 0 {
+		fmt.Fprintf(tw, "upgraded:\t%s ago (clients waited %s)\n", st.UpgradedAgo.Round(time.Second), st.UpgradeWait)
+	}
 	fmt.Fprintf(tw, "backend:\t%s (%s)\n", st.Backend, st.BackendState)
 	if st.BackendError != "" {
 		fmt.Fprintf(tw, "backend error:\t%s ago: %s\n", st.BackendErrorAgo.Round(time.Second), st.BackendError)
@@ -294,4 +303,24 @@ func status(ctx context.Context, socket string, asJSON bool, stdout io.Writer) e
 	fmt.Fprintf(tw, "leases:\t%d\n", st.Leases)
 	fmt.Fprintf(tw, "waiters:\t%d\n", st.Waiters)
 	return tw.Flush()
+}
+
+// upgrade asks the agent to hand itself over to a new process of its
+// binary, and prints the version and pid that serve once it has.
+func upgrade(ctx context.Context, socket string, stdout io.Writer) error {
+	c, err := dial(ctx, socket, "lockagent ctl")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	before, err := c.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("upgrade: %w", err)
+	}
+	up, err := c.Upgrade(ctx)
+	if err != nil {
+		return fmt.Errorf("upgrade: %w", err)
+	}
+	fmt.Fprintf(stdout, "upgraded: version %s (pid %d), was %s (pid %d)\n", up.Version, up.PID, before.Version, before.PID)
+	return nil
 }

@@ -43,6 +43,8 @@ const (
 var (
 	// lockagentBin is the binary under test, built by TestMain.
 	lockagentBin string
+	// binDir is where TestMain built it, and other binaries go.
+	binDir string
 	// testHome is HOME and XDG_RUNTIME_DIR of the processes the tests
 	// start (see baseEnv), made by TestMain.
 	testHome string
@@ -69,6 +71,7 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	binDir = dir
 	testHome = filepath.Join(dir, "home")
 	if err := os.Mkdir(testHome, 0o700); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -93,6 +96,12 @@ func helperMain(mode string, args []string) int {
 		return 0
 	case "signal-without-pidfd":
 		return signalWithoutPidfd()
+	case "handover-then-wait":
+		if err := handoverThenWait(args[0], args[1], args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 1
+		}
+		return 0
 	case "list-flood":
 		if err := listFlood(args); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)

@@ -34,7 +34,8 @@ commands:
   ctl list [-all] [-json]                               sessions and leases of the agent
   ctl inspect NAME                                      who holds a name, its last token
   ctl break NAME                                        admin: end every lease on a name
-  ctl status [-json]                                    version, uptime, backend state, counts
+  ctl status [-json]                                    version, pid, uptime, backend state, counts
+  ctl upgrade                                           admin: hand the agent over to its binary as installed now
   run [-wait DUR] [-shared] [-ttl DUR] [-grace DUR] NAME -- CMD [ARGS...]
                                                         run a command while holding a lock
   run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]

@@ -131,7 +131,7 @@ func (n *notifier) stopping() {
 // stops the watchdog and systemd restarts the agent. A backend outage does
 // not: no backend call is made under that lock, and the status line says
 // the backend is degraded instead.
-func supervise(ctx context.Context, n *notifier, hup <-chan os.Signal, stats func() agent.Stats, reload func()) {
+func supervise(ctx context.Context, n *notifier, hup, usr2 <-chan os.Signal, up *upgrader, stats func() agent.Stats, reload func()) (handedTo int) {
 	var tick <-chan time.Time
 	if p := n.period(); p > 0 {
 		t := time.NewTicker(p)
@@ -141,11 +141,15 @@ func supervise(ctx context.Context, n *notifier, hup <-chan os.Signal, stats fun
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return 0
 		case <-hup:
 			n.reloading()
 			reload()
 			n.ready(stats())
+		case <-usr2:
+			up.start()
+		case pid := <-up.done:
+			return pid
 		case <-tick:
 			n.alive(stats())
 		}

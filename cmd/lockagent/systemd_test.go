@@ -101,7 +101,7 @@ func TestWatchdogFedAtHalfItsInterval(t *testing.T) {
 		w := &wedgeable{}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { defer close(done); supervise(ctx, n, nil, w.stats, nil) }()
+		go func() { defer close(done); supervise(ctx, n, nil, nil, &upgrader{}, w.stats, nil) }()
 
 		time.Sleep(2*time.Second + 250*time.Millisecond)
 		cancel()
@@ -121,7 +121,7 @@ func TestWatchdogStopsWhileWedged(t *testing.T) {
 		w := &wedgeable{}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go supervise(ctx, n, nil, w.stats, nil)
+		go supervise(ctx, n, nil, nil, &upgrader{}, w.stats, nil)
 
 		time.Sleep(time.Second + 250*time.Millisecond) // fed at 500ms and 1s
 		unwedge := make(chan struct{})
@@ -152,7 +152,7 @@ func TestStatusLineFollowsTheAgent(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		n.ready(w.stats())
-		go supervise(ctx, n, nil, w.stats, nil)
+		go supervise(ctx, n, nil, nil, &upgrader{}, w.stats, nil)
 
 		time.Sleep(time.Second + 250*time.Millisecond)
 		w.set(agent.Stats{Sessions: 3, Leases: 2, Waiters: 1, Degraded: true})
@@ -192,7 +192,7 @@ func TestStatusWithoutWatchdog(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		n.ready(w.stats())
-		go supervise(ctx, n, nil, w.stats, nil)
+		go supervise(ctx, n, nil, nil, &upgrader{}, w.stats, nil)
 
 		w.set(agent.Stats{Sessions: 1})
 		time.Sleep(statusEvery + time.Second)
@@ -218,7 +218,7 @@ func TestReloadIsBracketed(t *testing.T) {
 			defer r.mu.Unlock()
 			require.Len(t, r.msgs, 1, "RELOADING=1 comes before the reload")
 		}
-		go supervise(ctx, n, hup, w.stats, reload)
+		go supervise(ctx, n, hup, nil, &upgrader{}, w.stats, reload)
 
 		hup <- syscall.SIGHUP
 		synctest.Wait()
@@ -241,7 +241,7 @@ func TestOutsideSystemdNothingIsSent(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		calls := 0
-		go supervise(ctx, n, nil, func() agent.Stats { calls++; return agent.Stats{} }, nil)
+		go supervise(ctx, n, nil, nil, &upgrader{}, func() agent.Stats { calls++; return agent.Stats{} }, nil)
 		n.ready(agent.Stats{})
 		time.Sleep(time.Hour)
 		n.stopping()

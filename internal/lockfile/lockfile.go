@@ -123,3 +123,17 @@ func holder(f *os.File) int {
 	}
 	return pid
 }
+
+// File is the lock's open file. The lock is the open file's, not the
+// process's: another process that is handed the file, and keeps it open,
+// holds the lock too (see Adopt).
+func (l *Lock) File() *os.File { return l.f }
+
+// Adopt holds a lock that another process took and handed over, by its
+// file (see File), and makes the file say this process's pid.
+func Adopt(f *os.File) *Lock {
+	if f.Truncate(0) == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return &Lock{f: f}
+}

@@ -31,6 +31,7 @@ const (
 	CodeForeignKey         = "foreign_key"
 	CodeTokensExhausted    = "tokens_exhausted"
 	CodeShuttingDown       = "shutting_down"
+	CodeUpgradeFailed      = "upgrade_failed"
 	CodeInternal           = "internal"
 )
 
@@ -227,12 +228,23 @@ type ResignResult struct {
 	Resigned bool `json:"resigned"`
 }
 
+// UpgradeResult is the result of upgrade, which the new process answers.
+type UpgradeResult struct {
+	Version string `json:"version"`
+	PID     int    `json:"pid"`
+}
+
 // StatusResult is the result of status: the agent as a whole.
 type StatusResult struct {
-	Version      string `json:"version"`
-	UptimeMs     int64  `json:"uptime_ms"`
-	Backend      string `json:"backend"`
-	BackendState string `json:"backend_state"` // ok or degraded
+	Version  string `json:"version"`
+	PID      int    `json:"pid"`
+	UptimeMs int64  `json:"uptime_ms"` // since the agent first started, upgrades aside
+	// The last upgrade that handed the agent over to this process, and
+	// how long its clients waited for it.
+	UpgradedAgoMs int64  `json:"upgraded_ago_ms,omitempty"`
+	UpgradeMs     int64  `json:"upgrade_ms,omitempty"`
+	Backend       string `json:"backend"`
+	BackendState  string `json:"backend_state"` // ok or degraded
 	// The last backend call that could not reach it, while none has since.
 	BackendError      string `json:"backend_error,omitempty"`
 	BackendErrorAgoMs int64  `json:"backend_error_ago_ms,omitempty"`
