@@ -21,9 +21,13 @@ def detached(client, session):
     return any(s["session"] == session and not s["attached"] for s in client.list_sessions())
 
 
+# Where the client's modules are, to tell its frames in a stack.
+PACKAGE_DIR = os.path.dirname(os.path.abspath(lockagent.__file__))
+
+
 def waits_in(thread, function):
     """Whether ``thread`` is blocked in a wait (an event's, a condition's)
-    inside lockagent's ``function``, as its stack shows (CPython's
+    inside the client's ``function``, as its stack shows (CPython's
     sys._current_frames): how a test tells a call that blocks from one
     that is slow to return."""
     frame = sys._current_frames().get(thread.ident)
@@ -32,7 +36,7 @@ def waits_in(thread, function):
         return False
     while frame is not None:
         if frame.f_code.co_name == function \
-                and os.path.basename(frame.f_code.co_filename) == "lockagent.py":
+                and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == PACKAGE_DIR:
             return True
         frame = frame.f_back
     return False
