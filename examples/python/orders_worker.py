@@ -15,9 +15,12 @@ cannot overwrite the work of the worker that holds the lock now.
 The agent is found through LOCKAGENT_SOCKET or the default path.
 """
 
+from __future__ import annotations
+
 import argparse
 import sqlite3
 import sys
+from typing import Callable, Optional
 
 import lockagent
 
@@ -37,7 +40,7 @@ class StaleToken(Exception):
     """The database refused a write: a newer lock holder has written the order."""
 
 
-def open_db(path):
+def open_db(path: str) -> sqlite3.Connection:
     """Open the orders database, creating the table if needed.
 
     Autocommit mode: every transaction is explicit.
@@ -47,7 +50,7 @@ def open_db(path):
     return db
 
 
-def create_orders(db, count):
+def create_orders(db: sqlite3.Connection, count: int) -> None:
     """Add ``count`` pending orders."""
     db.execute("BEGIN IMMEDIATE")
     db.executemany("INSERT INTO orders (amount) VALUES (?)",
@@ -55,7 +58,7 @@ def create_orders(db, count):
     db.execute("COMMIT")
 
 
-def fenced_write(db, order_id, token, **columns):
+def fenced_write(db: sqlite3.Connection, order_id: int, token: int, **columns: object) -> None:
     """Write ``columns`` of an order, unless a larger token has written it.
 
     The check and the write are one UPDATE in one transaction: no other
@@ -77,12 +80,13 @@ def fenced_write(db, order_id, token, **columns):
         raise
 
 
-def compute_total(amount):
+def compute_total(amount: int) -> int:
     """The work done under the lock: here, adding 20% tax."""
     return amount + amount // 5
 
 
-def process_order(client, db, order_id, worker, wait=0, work=compute_total):
+def process_order(client: lockagent.Client, db: sqlite3.Connection, order_id: int, worker: str,
+                  wait: float = 0, work: Callable[[int], int] = compute_total) -> bool:
     """Process one order under its lock. Returns True if this call did it.
 
     ``wait``: seconds to wait for the lock (0: skip an order another worker
@@ -107,14 +111,14 @@ def process_order(client, db, order_id, worker, wait=0, work=compute_total):
     return True
 
 
-def run_worker(client, db, worker):
+def run_worker(client: lockagent.Client, db: sqlite3.Connection, worker: str) -> int:
     """Process orders until none is left; returns how many this worker did.
 
     A first pass skips the orders other workers hold; the next ones wait
     for their locks, and find them done or take over an abandoned one.
     """
     done = 0
-    wait = 0
+    wait = 0.0
     while True:
         left = [row[0] for row in db.execute("SELECT id FROM orders WHERE status != 'done' "
                                              "ORDER BY id")]
@@ -126,8 +130,8 @@ def run_worker(client, db, worker):
         wait = 10
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--db", required=True, help="the SQLite database")
     parser.add_argument("--init", type=int, metavar="N", help="create N pending orders and exit")
     parser.add_argument("--worker", default="worker", help="this worker's name")

@@ -13,7 +13,7 @@ import unittest
 from unittest import mock
 
 import lockagent
-from harness import AgentTestCase, break_connection, drop_answer_with_connection, wait_until
+from harness import REPO, AgentTestCase, break_connection, drop_answer_with_connection, wait_until
 
 
 def detached(client, session):
@@ -90,18 +90,18 @@ class PrivateDirTest(unittest.TestCase):
 class ErrorMappingTest(unittest.TestCase):
     def test_every_protocol_code_has_its_exception(self):
         # The codes of docs/protocol.md's table of error codes.
-        doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "protocol.md")
+        doc = os.path.join(REPO, "docs", "protocol.md")
         with open(doc, encoding="utf-8") as f:
             table = f.read().split("## Error codes", 1)[1].split("\n## ", 1)[0]
         codes = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
         self.assertIn("tokens_exhausted", codes)
         seen = set()
         for code in codes:
-            cls = lockagent._ERRORS[code]
+            cls = lockagent._errors.ERRORS[code]
             self.assertTrue(issubclass(cls, lockagent.ProtocolError))
             seen.add(cls)
         self.assertEqual(len(seen), len(codes))
-        self.assertEqual(set(lockagent._ERRORS), set(codes))
+        self.assertEqual(set(lockagent._errors.ERRORS), set(codes))
 
 
 class ConnectTest(AgentTestCase):
