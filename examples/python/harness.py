@@ -1,7 +1,9 @@
 """Test support: a real lockagent process per test, and deadline-bound polls.
 
 The binary is ``$LOCKAGENT_BIN`` if set, else built once per test run from
-the repository's ``./cmd/lockagent``.
+the repository's ``./cmd/lockagent``. The repository is the one the tests
+are in, or ``$LOCKAGENT_REPO``: the tests of an installed client run from
+a copy, away from the checkout.
 """
 
 import atexit
@@ -14,7 +16,7 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.environ.get("LOCKAGENT_REPO") or os.path.dirname(os.path.dirname(HERE))
 
 # What would lead a process the tests start to another agent
 # (LOCKAGENT_SOCKET overrides an agent's config, and the README has its
