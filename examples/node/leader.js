@@ -11,7 +11,7 @@
 //
 //   LOCKAGENT_SOCKET=/tmp/lockagent.sock node leader.js [NAME] [PERIOD_MS]
 
-const { connect } = require('./lockagent.js');
+const { connect } = require('lockagent');
 
 const name = process.argv[2] || 'jobs/report';
 const periodMs = Number(process.argv[3] || 1000);

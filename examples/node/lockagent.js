@@ -2,11 +2,12 @@
 /**
  * lockagent client for Node.js 18 and later, with no dependencies.
  *
- * Vendor this one file into an application. It speaks the lockagent wire
- * protocol (newline-delimited JSON over the agent's Unix socket) and gives
- * locks as `Lease` objects:
+ * Install the `lockagent` package, or vendor this one file into an
+ * application (its types are in lockagent.d.ts). It speaks the lockagent
+ * wire protocol (newline-delimited JSON over the agent's Unix socket) and
+ * gives locks as `Lease` objects:
  *
- *     const { connect } = require('./lockagent.js');
+ *     const { connect } = require('lockagent');
  *     const client = await connect({ client: 'billing-worker' });
  *     const lease = await client.acquire('orders/42', { waitMs: 5000 });
  *     if (lease) {

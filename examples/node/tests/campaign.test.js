@@ -9,7 +9,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { after, before, describe, test } = require('node:test');
 
-const { connect, Campaign, Lease, AgentError } = require('../lockagent.js');
+const { connect, Campaign, Lease, AgentError } = require('lockagent');
 const { Agent, RawConn, waitFor } = require('./harness.js');
 
 describe('campaign', () => {

@@ -9,7 +9,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { after, before, describe, test } = require('node:test');
 
-const lockagent = require('../lockagent.js');
+const lockagent = require('lockagent');
 const { Agent, RawConn, cleanEnv, waitFor } = require('./harness.js');
 
 const { connect, LockAgentError, AgentError, ConnectionError, LeaseLostError } = lockagent;
@@ -50,6 +50,15 @@ describe('socket path', () => {
     assert.equal(lockagent.socketPath('/x.sock', env), '/x.sock');
     assert.equal(lockagent.socketPath(undefined, env), '/srv/la.sock');
     assert.equal(lockagent.socketPath(undefined, { LOCKAGENT_SOCKET: '' }), lockagent.defaultSocketPath({}));
+  });
+});
+
+describe('the package', () => {
+  test('its declarations declare every name the module exports, and only those', () => {
+    // The declarations of the copy under test: beside the module, as the package ships them.
+    const dts = fs.readFileSync(require.resolve('lockagent').replace(/\.js$/, '.d.ts'), 'utf8');
+    const declared = [...dts.matchAll(/^export declare (?:const|function|class) (\w+)/gm)].map((m) => m[1]);
+    assert.deepEqual(declared.sort(), Object.keys(lockagent).sort());
   });
 });
 

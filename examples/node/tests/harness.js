@@ -2,6 +2,8 @@
 // Test support: the real lockagent binary, built once per test process (or
 // taken from LOCKAGENT_BIN), and real agent processes, each with its own
 // socket and state directory in a temporary directory. Nothing is mocked.
+// The repository is the one the tests are in, or LOCKAGENT_REPO: the tests
+// of an installed client run from a copy, away from the checkout.
 
 const { execFile, spawn } = require('node:child_process');
 const fs = require('node:fs');
@@ -11,7 +13,7 @@ const path = require('node:path');
 const { promisify } = require('node:util');
 
 const execFileP = promisify(execFile);
-const repoRoot = path.resolve(__dirname, '..', '..', '..');
+const repoRoot = process.env.LOCKAGENT_REPO || path.resolve(__dirname, '..', '..', '..');
 
 let built;
 // HOME and XDG_RUNTIME_DIR of the processes the tests start (see cleanEnv).
