@@ -44,8 +44,9 @@ type Socket struct {
 
 // Backend selects the store that holds the locks.
 type Backend struct {
-	Kind  string // "memory" or "redis"
+	Kind  string // "memory", "redis" or "etcd"
 	Redis *Redis // set exactly when Kind is "redis"
+	Etcd  *Etcd  // set exactly when Kind is "etcd"
 }
 
 // Redis configures the Redis backend. One address is a standalone server;
@@ -73,7 +74,23 @@ type Redis struct {
 	WaitTimeout  time.Duration
 }
 
-// TLS configures TLS to Redis. Empty CAFile means the system roots;
+// Etcd configures the etcd backend: the cluster's client endpoints, the
+// key prefix, credentials and TLS, and the client's timeouts.
+type Etcd struct {
+	Endpoints []string // host:port of the members' client URLs
+	KeyPrefix string
+	Username  string
+	// The password is never written in the config itself: a file, or a
+	// systemd credential (LoadCredential=) from $CREDENTIALS_DIRECTORY.
+	PasswordFile       string
+	PasswordCredential string
+	TLS                *TLS // nil: plain TCP
+	// DialTimeout bounds the connection at start; RequestTimeout a
+	// request that has no deadline of its own (inspect, leave).
+	DialTimeout, RequestTimeout time.Duration
+}
+
+// TLS configures TLS to Redis or etcd. Empty CAFile means the system roots;
 // CertFile and KeyFile (a client certificate) go together.
 type TLS struct {
 	CAFile, CertFile, KeyFile string
@@ -129,6 +146,11 @@ const (
 	// WAIT for replicas blocks the grant's connection this long at most.
 	defaultWaitTimeout = 100 * time.Millisecond
 	maxWaitTimeout     = 10 * time.Second
+	// The etcd client's timeouts: long enough for a leader election (a
+	// second or two), short enough that a dead cluster is seen.
+	defaultEtcdTimeout = 5 * time.Second
+	minEtcdTimeout     = 100 * time.Millisecond
+	maxEtcdTimeout     = time.Minute
 )
 
 // Default returns the built-in configuration: what the agent runs with when

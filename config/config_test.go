@@ -39,6 +39,23 @@ func TestLoadGood(t *testing.T) {
 			},
 			Metrics: Metrics{Address: "127.0.0.1:9464"},
 		},
+		"etcd.hcl": func() Config {
+			c := Default()
+			c.Backend = Backend{Kind: "etcd", Etcd: &Etcd{
+				Endpoints:          []string{"10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"},
+				KeyPrefix:          "locks",
+				Username:           "lockagent",
+				PasswordCredential: "etcd.password",
+				DialTimeout:        2 * time.Second,
+				RequestTimeout:     3 * time.Second,
+				TLS: &TLS{
+					CAFile:   "/etc/lockagent/etcd-ca.pem",
+					CertFile: "/etc/lockagent/etcd-client.pem",
+					KeyFile:  "/etc/lockagent/etcd-client.key",
+				},
+			}}
+			return c
+		}(),
 		"redis.hcl": {
 			Socket:    Socket{Path: "/run/lockagent/agent.sock", Mode: 0o600, Group: ""},
 			StateDir:  "/srv/lockagent/state",
@@ -88,7 +105,15 @@ func TestLoadGood(t *testing.T) {
 func TestLoadBad(t *testing.T) {
 	// Each file in testdata/bad and the error it gives, after its path.
 	wants := map[string]string{
-		"backend-kind.hcl":         `:1,9: backend: unknown kind "etcd"; want memory or redis`,
+		"backend-kind.hcl":         `:1,9: backend: unknown kind "consul"; want memory, redis or etcd`,
+		"etcd-credential.hcl":      `:5,25: backend "etcd".password_credential: password_file and password_credential exclude each other`,
+		"etcd-endpoint.hcl":        `:2,33: backend "etcd".endpoints[1]: "http://10.0.0.2:2379" is not host:port`,
+		"etcd-key-prefix.hcl":      `:3,16: backend "etcd".key_prefix: must not be empty`,
+		"etcd-no-endpoints.hcl":    `:1,1: backend "etcd".endpoints: must list at least one host:port`,
+		"etcd-password.hcl":        `:4,3: backend "etcd".password: a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential`,
+		"etcd-timeout.hcl":         `:3,21: backend "etcd".request_timeout: 10ms is not between 100ms and 1m`,
+		"etcd-tls.hcl":             `:4,3: backend "etcd".tls: cert_file and key_file go together`,
+		"etcd-username.hcl":        `:3,15: backend "etcd".username: needs password_file or password_credential`,
 		"backend-no-label.hcl":     `:1,9: missing kind for backend`,
 		"default-below-min.hcl":    `:1,1: leases.default_ttl: 15s is below min_ttl 20s`,
 		"duplicate-block.hcl":      `:5,1: socket: only one such block is allowed; the first is at line 1`,
@@ -226,8 +251,34 @@ func TestValidate(t *testing.T) {
 			"backend: redis settings given for the memory backend",
 		},
 		"unknown backend": {
+			func(c *Config) { c.Backend = Backend{Kind: "consul"} },
+			`backend: unknown kind "consul"; want memory, redis or etcd`,
+		},
+		"etcd without settings": {
 			func(c *Config) { c.Backend = Backend{Kind: "etcd"} },
-			`backend: unknown kind "etcd"; want memory or redis`,
+			"backend: the etcd backend has no settings",
+		},
+		"memory with etcd settings": {
+			func(c *Config) { c.Backend.Etcd = &Etcd{} },
+			"backend: etcd settings given for the memory backend",
+		},
+		"etcd with redis settings": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "etcd", Redis: &Redis{}, Etcd: &Etcd{Endpoints: []string{"a:1"}, KeyPrefix: "k", DialTimeout: time.Second, RequestTimeout: time.Second}}
+			},
+			"backend: redis settings given for the etcd backend",
+		},
+		"etcd password without a user": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "etcd", Etcd: &Etcd{Endpoints: []string{"a:1"}, KeyPrefix: "k", PasswordFile: "/p", DialTimeout: time.Second, RequestTimeout: time.Second}}
+			},
+			`backend "etcd".username: must be set with a password`,
+		},
+		"etcd dial timeout too long": {
+			func(c *Config) {
+				c.Backend = Backend{Kind: "etcd", Etcd: &Etcd{Endpoints: []string{"a:1"}, KeyPrefix: "k", DialTimeout: time.Hour, RequestTimeout: time.Second}}
+			},
+			`backend "etcd".dial_timeout: 1h is not between 100ms and 1m`,
 		},
 		"cluster and sentinel": {
 			func(c *Config) {

@@ -232,16 +232,42 @@ func (d *decoder) backend(b *hcl.Block, be *Backend) {
 		d.integer(field+".wait_replicas", a["wait_replicas"], &r.WaitReplicas)
 		d.duration(field+".wait_timeout", a["wait_timeout"], &r.WaitTimeout)
 		if tb := d.unique(field+".", content.Blocks)["tls"]; tb != nil {
-			a := d.block(field+".tls", tb, []string{"ca_file", "cert_file", "key_file"}).Attributes
-			r.TLS = &TLS{}
-			d.str(field+".tls.ca_file", a["ca_file"], &r.TLS.CAFile)
-			d.str(field+".tls.cert_file", a["cert_file"], &r.TLS.CertFile)
-			d.str(field+".tls.key_file", a["key_file"], &r.TLS.KeyFile)
+			r.TLS = d.tls(field, tb)
 		}
 		*be = Backend{Kind: "redis", Redis: r}
+	case "etcd":
+		content := d.block(field, b, []string{"endpoints", "key_prefix", "username", "password", "password_file", "password_credential", "dial_timeout", "request_timeout"},
+			hcl.BlockHeaderSchema{Type: "tls"})
+		a := content.Attributes
+		if attr := a["password"]; attr != nil {
+			// Listed in the schema only to explain why it is refused.
+			d.failf(field+".password", attr.NameRange, "a password is never written in the config; put it in a file and set password_file, or in a systemd credential and set password_credential")
+		}
+		e := &Etcd{KeyPrefix: "lockagent", DialTimeout: defaultEtcdTimeout, RequestTimeout: defaultEtcdTimeout}
+		d.strs(field+".endpoints", a["endpoints"], &e.Endpoints)
+		d.str(field+".key_prefix", a["key_prefix"], &e.KeyPrefix)
+		d.str(field+".username", a["username"], &e.Username)
+		d.str(field+".password_file", a["password_file"], &e.PasswordFile)
+		d.str(field+".password_credential", a["password_credential"], &e.PasswordCredential)
+		d.duration(field+".dial_timeout", a["dial_timeout"], &e.DialTimeout)
+		d.duration(field+".request_timeout", a["request_timeout"], &e.RequestTimeout)
+		if tb := d.unique(field+".", content.Blocks)["tls"]; tb != nil {
+			e.TLS = d.tls(field, tb)
+		}
+		*be = Backend{Kind: "etcd", Etcd: e}
 	default:
-		d.failf("backend", b.LabelRanges[0], "unknown kind %q; want memory or redis", kind)
+		d.failf("backend", b.LabelRanges[0], "unknown kind %q; want memory, redis or etcd", kind)
 	}
+}
+
+// tls decodes the tls block of a backend's block.
+func (d *decoder) tls(field string, b *hcl.Block) *TLS {
+	a := d.block(field+".tls", b, []string{"ca_file", "cert_file", "key_file"}).Attributes
+	t := &TLS{}
+	d.str(field+".tls.ca_file", a["ca_file"], &t.CAFile)
+	d.str(field+".tls.cert_file", a["cert_file"], &t.CertFile)
+	d.str(field+".tls.key_file", a["key_file"], &t.KeyFile)
+	return t
 }
 
 func (d *decoder) acl(b *hcl.Block) *ACL {

@@ -34,11 +34,19 @@ func (c Config) Render() string {
 			"key_prefix", quote(r.KeyPrefix),
 			"wait_replicas", strconv.Itoa(r.WaitReplicas),
 			"wait_timeout", quote(formatDuration(r.WaitTimeout)))
-		if t := r.TLS; t != nil {
-			b.WriteString("\n  tls {\n")
-			attrs(&b, "    ", "ca_file", quote(t.CAFile), "cert_file", quote(t.CertFile), "key_file", quote(t.KeyFile))
-			b.WriteString("  }\n")
-		}
+		renderTLS(&b, r.TLS)
+		b.WriteString("}\n\n")
+	} else if e := c.Backend.Etcd; e != nil {
+		fmt.Fprintf(&b, "backend %s {\n", quote(c.Backend.Kind))
+		attrs(&b, "  ",
+			"endpoints", list(e.Endpoints, quote),
+			"key_prefix", quote(e.KeyPrefix),
+			"username", quote(e.Username),
+			"password_file", quote(e.PasswordFile),
+			"password_credential", quote(e.PasswordCredential),
+			"dial_timeout", quote(formatDuration(e.DialTimeout)),
+			"request_timeout", quote(formatDuration(e.RequestTimeout)))
+		renderTLS(&b, e.TLS)
 		b.WriteString("}\n\n")
 	} else {
 		fmt.Fprintf(&b, "backend %s {}\n\n", quote(c.Backend.Kind))
@@ -109,6 +117,16 @@ func (c Config) Render() string {
 		b.WriteString("# no metrics: the endpoint is off\n")
 	}
 	return b.String()
+}
+
+// renderTLS writes a backend's tls block, if it has one.
+func renderTLS(b *strings.Builder, t *TLS) {
+	if t == nil {
+		return
+	}
+	b.WriteString("\n  tls {\n")
+	attrs(b, "    ", "ca_file", quote(t.CAFile), "cert_file", quote(t.CertFile), "key_file", quote(t.KeyFile))
+	b.WriteString("  }\n")
 }
 
 // attrs writes name = value lines, kv alternating names and rendered values,

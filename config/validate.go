@@ -70,15 +70,26 @@ func (c *Config) problems() []*fieldError {
 		bad("log_format", "%q is not text or json", c.LogFormat)
 	}
 
-	switch c.Backend.Kind {
+	switch be := c.Backend; be.Kind {
 	case "memory":
-		if c.Backend.Redis != nil {
+		if be.Redis != nil {
 			bad("backend", "redis settings given for the memory backend")
 		}
+		if be.Etcd != nil {
+			bad("backend", "etcd settings given for the memory backend")
+		}
 	case "redis":
-		ps = append(ps, c.Backend.Redis.problems()...)
+		if be.Etcd != nil {
+			bad("backend", "etcd settings given for the redis backend")
+		}
+		ps = append(ps, be.Redis.problems()...)
+	case "etcd":
+		if be.Redis != nil {
+			bad("backend", "redis settings given for the etcd backend")
+		}
+		ps = append(ps, be.Etcd.problems()...)
 	default:
-		bad("backend", "unknown kind %q; want memory or redis", c.Backend.Kind)
+		bad("backend", "unknown kind %q; want memory, redis or etcd", be.Kind)
 	}
 
 	l := c.Leases
@@ -252,6 +263,55 @@ func (r *Redis) problems() []*fieldError {
 	}
 	if r.WaitTimeout < time.Millisecond || r.WaitTimeout > maxWaitTimeout {
 		bad("wait_timeout", "%s is not between 1ms and %s", r.WaitTimeout, maxWaitTimeout)
+	}
+	return ps
+}
+
+// problems checks the etcd backend's settings; e may be nil.
+func (e *Etcd) problems() []*fieldError {
+	const path = `backend "etcd"`
+	if e == nil {
+		return []*fieldError{newFieldError("backend", "the etcd backend has no settings")}
+	}
+	var ps []*fieldError
+	bad := func(field, format string, args ...any) {
+		ps = append(ps, newFieldError(path+"."+field, format, args...))
+	}
+	if len(e.Endpoints) == 0 {
+		bad("endpoints", "must list at least one host:port")
+	}
+	for i, addr := range e.Endpoints {
+		if err := checkHostPort(addr); err != nil {
+			ps = append(ps, &fieldError{fmt.Sprintf("%s.endpoints[%d]", path, i), err})
+		}
+	}
+	if e.KeyPrefix == "" {
+		bad("key_prefix", "must not be empty")
+	}
+	switch c := e.PasswordCredential; {
+	case e.PasswordFile != "" && c != "":
+		bad("password_credential", "password_file and password_credential exclude each other")
+	case c != "" && (strings.ContainsRune(c, '/') || c == "." || c == ".."):
+		bad("password_credential", "%q is not a credential name", c)
+	}
+	// Etcd's authentication takes a user and a password together.
+	hasPassword := e.PasswordFile != "" || e.PasswordCredential != ""
+	switch {
+	case e.Username == "" && hasPassword:
+		bad("username", "must be set with a password")
+	case e.Username != "" && !hasPassword:
+		bad("username", "needs password_file or password_credential")
+	}
+	if t := e.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		bad("tls", "cert_file and key_file go together")
+	}
+	for _, f := range []struct {
+		field string
+		d     time.Duration
+	}{{"dial_timeout", e.DialTimeout}, {"request_timeout", e.RequestTimeout}} {
+		if f.d < minEtcdTimeout || f.d > maxEtcdTimeout {
+			bad(f.field, "%s is not between %s and %s", formatDuration(f.d), formatDuration(minEtcdTimeout), formatDuration(maxEtcdTimeout))
+		}
 	}
 	return ps
 }

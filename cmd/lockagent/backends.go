@@ -12,8 +12,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/lockagent/lockagent/backend"
+	"github.com/lockagent/lockagent/backend/etcd"
 	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/backend/redis"
 	"github.com/lockagent/lockagent/config"
@@ -21,14 +25,69 @@ import (
 
 // openBackend opens the backend the configuration names.
 func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (backend.Backend, error) {
-	if cfg.Backend.Kind != "redis" {
-		b, err := memory.Open(cfg.StateDir)
+	switch cfg.Backend.Kind {
+	case "redis":
+		return openRedis(ctx, cfg.Backend.Redis, log)
+	case "etcd":
+		return openEtcd(ctx, cfg.Backend.Etcd, log)
+	}
+	b, err := memory.Open(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// openEtcd connects to etcd, and checks that it answers.
+func openEtcd(ctx context.Context, ec *config.Etcd, log hclog.Logger) (backend.Backend, error) {
+	ecfg := clientv3.Config{
+		Endpoints:   ec.Endpoints,
+		DialTimeout: ec.DialTimeout,
+		Username:    ec.Username,
+		// A connection to a member that stopped answering is dropped
+		// after a few seconds, and the requests go to the others.
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		// The client's own log (retries, endpoints) at its warnings.
+		Logger: etcdLogger(log.Named("etcd-client")),
+	}
+	pw, err := password("etcd", "", ec.PasswordFile, ec.PasswordCredential, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	ecfg.Password = pw
+	if ec.TLS != nil {
+		tc, err := tlsConfig("etcd", ec.TLS)
 		if err != nil {
 			return nil, err
 		}
-		return b, nil
+		ecfg.TLS = tc
 	}
-	rc := cfg.Backend.Redis
+	cli, err := clientv3.New(ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ec.DialTimeout+ec.RequestTimeout)
+	defer cancel()
+	return etcd.Open(ctx, etcd.Options{Client: cli, KeyPrefix: ec.KeyPrefix, RequestTimeout: ec.RequestTimeout, Logger: log})
+}
+
+// etcdLogger passes the etcd client's warnings and errors to log: its
+// zap logger is the client's only way to say what it does.
+func etcdLogger(log hclog.Logger) *zap.Logger {
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(hclogWriter{log}), zap.WarnLevel))
+}
+
+// hclogWriter writes the lines zap encodes as warnings of log.
+type hclogWriter struct{ log hclog.Logger }
+
+func (w hclogWriter) Write(p []byte) (int, error) {
+	w.log.Warn(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// openRedis connects to Redis, loads the scripts and checks the server.
+func openRedis(ctx context.Context, rc *config.Redis, log hclog.Logger) (backend.Backend, error) {
 	goredis.SetLogger(goredisLog{log.Named("go-redis")})
 	opts := &goredis.UniversalOptions{
 		Addrs:         rc.Addresses,
@@ -49,20 +108,20 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 		// handshake of several round trips in the middle of a renewal.
 		PipelinePoolSize: -1,
 	}
-	pw, err := redisPassword("", rc.PasswordFile, rc.PasswordCredential, os.Getenv)
+	pw, err := password("redis", "", rc.PasswordFile, rc.PasswordCredential, os.Getenv)
 	if err != nil {
 		return nil, err
 	}
 	opts.Password = pw
 	if rc.MasterName != "" {
-		pw, err := redisPassword("sentinel_", rc.SentinelPasswordFile, rc.SentinelPasswordCredential, os.Getenv)
+		pw, err := password("redis", "sentinel_", rc.SentinelPasswordFile, rc.SentinelPasswordCredential, os.Getenv)
 		if err != nil {
 			return nil, err
 		}
 		opts.SentinelUsername, opts.SentinelPassword = rc.SentinelUsername, pw
 	}
 	if rc.TLS != nil {
-		tc, err := tlsConfig(rc.TLS)
+		tc, err := tlsConfig("redis", rc.TLS)
 		if err != nil {
 			return nil, err
 		}
@@ -94,40 +153,41 @@ func (g goredisLog) Printf(_ context.Context, format string, v ...any) {
 	g.log.Info(msg)
 }
 
-// tlsConfig builds the client TLS settings from the configured files.
-func tlsConfig(t *config.TLS) (*tls.Config, error) {
+// tlsConfig builds the client TLS settings of a backend ("redis",
+// "etcd") from the configured files.
+func tlsConfig(kind string, t *config.TLS) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if t.CAFile != "" {
 		pem, err := os.ReadFile(t.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("redis tls ca_file: %w", err)
+			return nil, fmt.Errorf("%s tls ca_file: %w", kind, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis tls ca_file %s: no certificate found", t.CAFile)
+			return nil, fmt.Errorf("%s tls ca_file %s: no certificate found", kind, t.CAFile)
 		}
 		tc.RootCAs = pool
 	}
 	if t.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("redis tls: %w", err)
+			return nil, fmt.Errorf("%s tls: %w", kind, err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
 }
 
-// redisPassword reads a password from a file (the setting prefix +
-// "password_file") or from the systemd credential a setting prefix +
-// "password_credential" names; none is "". A trailing newline is not part
-// of it. Errors name the file, never its content.
-func redisPassword(prefix, file, credential string, getenv func(string) string) (string, error) {
+// password reads a backend's ("redis", "etcd") password from a file
+// (the setting prefix + "password_file") or from the systemd credential
+// a setting prefix + "password_credential" names; none is "". A trailing
+// newline is not part of it. Errors name the file, never its content.
+func password(kind, prefix, file, credential string, getenv func(string) string) (string, error) {
 	path, field := file, prefix+"password_file"
 	if credential != "" {
 		dir := getenv("CREDENTIALS_DIRECTORY")
 		if dir == "" {
-			return "", fmt.Errorf("redis %spassword_credential %q: $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)", prefix, credential)
+			return "", fmt.Errorf("%s %spassword_credential %q: $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)", kind, prefix, credential)
 		}
 		path, field = filepath.Join(dir, credential), prefix+"password_credential"
 	}
@@ -136,7 +196,7 @@ func redisPassword(prefix, file, credential string, getenv func(string) string) 
 	}
 	pw, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("redis %s: %w", field, err)
+		return "", fmt.Errorf("%s %s: %w", kind, field, err)
 	}
 	return strings.TrimRight(string(pw), "\r\n"), nil
 }

@@ -1,1 +1,1 @@
-backend "etcd" {}
+backend "consul" {}

@@ -1,0 +1,6 @@
+backend "etcd" {
+  endpoints           = ["127.0.0.1:2379"]
+  username            = "lockagent"
+  password_file       = "/etc/lockagent/etcd.password"
+  password_credential = "etcd.password"
+}

@@ -1,0 +1,3 @@
+backend "etcd" {
+  key_prefix = "locks"
+}

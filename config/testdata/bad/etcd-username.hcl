@@ -1,0 +1,4 @@
+backend "etcd" {
+  endpoints = ["127.0.0.1:2379"]
+  username  = "lockagent"
+}
