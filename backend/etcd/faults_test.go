@@ -84,7 +84,7 @@ func TestNetworkFaults(t *testing.T) {
 }
 
 // TestMemberFaults: on three members, a lease lives on, renewed every
-// 100 ms, while a member is paused (SIGSTOP), while the leader is
+// 100 ms, while a follower is paused (SIGSTOP), while the leader is
 // killed (SIGKILL) and restarted, and while every member restarts in
 // turn; grants after each fault have larger tokens.
 func TestMemberFaults(t *testing.T) {
@@ -98,7 +98,10 @@ func TestMemberFaults(t *testing.T) {
 		tok = tk
 	}
 
-	for _, m := range []int{(c.Leader(t) + 1) % 3, c.Leader(t)} {
+	// A follower paused: not the leader, which etcd before 3.4.25 and
+	// 3.5.8 (Debian 12 has 3.4.23) lets revoke every lease when it runs
+	// again (etcd issue 15247; docs/etcd.md).
+	for _, m := range []int{(c.Leader(t) + 1) % 3, (c.Leader(t) + 2) % 3} {
 		c.Member(m).Pause()
 		keepRenewing(t, b, l, 2*time.Second)
 		c.Member(m).Resume()

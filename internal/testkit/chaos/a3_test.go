@@ -51,8 +51,8 @@ func TestHeartbeatDropEndsConnectionFirst(t *testing.T) {
 	}()
 
 	// The holder is now silent; its agent cannot reach Redis.
-	c.agents[0].proxy.Blackhole()
-	defer c.agents[0].proxy.Pass()
+	c.agents[0].blackhole()
+	defer c.agents[0].pass()
 
 	other, err := client.Dial(ctx, c.agents[1].socket)
 	require.NoError(t, err)

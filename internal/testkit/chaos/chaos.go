@@ -137,6 +137,10 @@ type Config struct {
 	// Starvation makes the fault schedule agents starved of CPU alone
 	// (docs/testing.md C6) instead of D1's mix; it needs Faults.
 	Starvation bool
+	// Etcd runs the agents on a three-member etcd instead of Redis: the
+	// schedule's faults of redis-server become faults of the members (a
+	// member paused, the leader killed, a member restarted).
+	Etcd bool
 }
 
 // Report is what a run did and found.
@@ -292,6 +296,9 @@ func Run(t *testing.T, cfg Config) *Report {
 	if !cfg.Faults {
 		mode = "fault-free"
 	}
+	if cfg.Etcd {
+		mode += " etcd"
+	}
 	fmt.Printf("chaos: %s run of %v with seed=%d\n", mode, cfg.Duration, cfg.Seed)
 	t.Logf("chaos: %s run of %v with seed=%d", mode, cfg.Duration, cfg.Seed)
 
@@ -309,7 +316,11 @@ func Run(t *testing.T, cfg Config) *Report {
 		r.leaderNames = append(r.leaderNames, n)
 		r.fenced[n], r.plain[n] = &fencedCounter{}, &plainCounter{}
 	}
-	r.c = startCluster(t, cfg.Binary, cfg.Agents)
+	if cfg.Etcd {
+		r.c = startEtcdCluster(t, cfg.Binary, cfg.Agents)
+	} else {
+		r.c = startCluster(t, cfg.Binary, cfg.Agents)
+	}
 	if !cfg.Faults {
 		r.strict = lockcheck.NewHistory()
 	}

@@ -427,8 +427,16 @@ func (r *run) saveArtifacts(rep *Report) string {
 			write(fmt.Sprintf("agent-%d.log", a.idx), string(log))
 		}
 	}
-	if log, err := os.ReadFile(filepath.Join(r.c.redis.Dir(), "out.log")); err == nil {
-		write("redis-server.log", string(log))
+	if r.c.redis != nil {
+		if log, err := os.ReadFile(filepath.Join(r.c.redis.Dir(), "out.log")); err == nil {
+			write("redis-server.log", string(log))
+		}
+	} else {
+		for _, m := range r.c.etcd.Members() {
+			if log, err := os.ReadFile(m.LogPath()); err == nil {
+				write("etcd-"+m.Name()+".log", string(log))
+			}
+		}
 	}
 	return dir
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/testkit/agentbin"
+	"github.com/lockagent/lockagent/internal/testkit/etcdtest"
 	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
 	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
@@ -25,11 +26,13 @@ const (
 	stopTimeout = 10 * time.Second
 )
 
-// cluster is one redis-server and the agents sharing it, each reaching it
-// through a fault proxy of its own.
+// cluster is one redis-server, or a three-member etcd, and the agents
+// sharing it, each reaching it through fault proxies of its own (one per
+// etcd member).
 type cluster struct {
 	bin    string
-	redis  *redistest.Server
+	redis  *redistest.Server // nil on etcd
+	etcd   *etcdtest.Cluster // nil on Redis
 	agents []*agent
 }
 
@@ -42,7 +45,7 @@ type agent struct {
 	socket  string
 	config  string
 	logPath string
-	proxy   *faultproxy.Proxy
+	proxies []*faultproxy.Proxy // one per server the agent reaches
 
 	mu         sync.Mutex // guards the fields below
 	cmd        *exec.Cmd
@@ -55,9 +58,33 @@ type agent struct {
 // startCluster starts redis-server (without persistence) and n agents on it.
 func startCluster(t *testing.T, bin string, n int) *cluster {
 	t.Helper()
-	c := &cluster{bin: bin, redis: redistest.Start(t, redistest.Options{})}
+	return startAgents(t, &cluster{bin: bin, redis: redistest.Start(t, redistest.Options{})}, n)
+}
+
+// startEtcdCluster starts a three-member etcd and n agents on it.
+func startEtcdCluster(t *testing.T, bin string, n int) *cluster {
+	t.Helper()
+	return startAgents(t, &cluster{bin: bin, etcd: etcdtest.Start(t, etcdtest.Options{Members: 3})}, n)
+}
+
+// startAgents starts n agents on c's store.
+func startAgents(t *testing.T, c *cluster, n int) *cluster {
+	t.Helper()
 	for i := range n {
-		a := &agent{idx: i, bin: bin, proxy: faultproxy.New(t, c.redis.Addr())}
+		a := &agent{idx: i, bin: c.bin}
+		var backend string
+		if c.redis != nil {
+			a.proxies = []*faultproxy.Proxy{faultproxy.New(t, c.redis.Addr())}
+			backend = fmt.Sprintf("backend \"redis\" {\n  addresses  = [%q]\n  key_prefix = \"chaos\"\n}\n", a.proxies[0].Addr())
+		} else {
+			var eps []string
+			for _, ep := range c.etcd.Endpoints() {
+				p := faultproxy.New(t, ep)
+				a.proxies = append(a.proxies, p)
+				eps = append(eps, fmt.Sprintf("%q", p.Addr()))
+			}
+			backend = fmt.Sprintf("backend \"etcd\" {\n  endpoints  = [%s]\n  key_prefix = \"chaos\"\n}\n", strings.Join(eps, ", "))
+		}
 		dir, err := os.MkdirTemp("", "ch")
 		if err != nil {
 			t.Fatalf("chaos: %v", err)
@@ -67,13 +94,12 @@ func startCluster(t *testing.T, bin string, n int) *cluster {
 		a.socket = filepath.Join(dir, "s")
 		a.config = filepath.Join(dir, "agent.hcl")
 		a.logPath = filepath.Join(dir, "agent.log")
-		cfg := fmt.Sprintf("state_dir = %q\nlog_level = \"debug\"\nbackend \"redis\" {\n  addresses  = [%q]\n  key_prefix = \"chaos\"\n}\n",
-			filepath.Join(dir, "state"), a.proxy.Addr())
+		cfg := fmt.Sprintf("state_dir = %q\nlog_level = \"debug\"\n%s", filepath.Join(dir, "state"), backend)
 		if err := os.WriteFile(a.config, []byte(cfg), 0o600); err != nil {
 			t.Fatalf("chaos: %v", err)
 		}
 		// Cleanups run last in, first out: the agents go before their
-		// proxies and redis-server.
+		// proxies and the store.
 		t.Cleanup(a.kill)
 		if err := a.start(); err != nil {
 			t.Fatalf("chaos: %v", err)
@@ -81,6 +107,31 @@ func startCluster(t *testing.T, bin string, n int) *cluster {
 		c.agents = append(c.agents, a)
 	}
 	return c
+}
+
+// The faults of an agent's links: every proxy at once.
+func (a *agent) blackhole() {
+	for _, p := range a.proxies {
+		p.Blackhole()
+	}
+}
+
+func (a *agent) pass() {
+	for _, p := range a.proxies {
+		p.Pass()
+	}
+}
+
+func (a *agent) resetAll() {
+	for _, p := range a.proxies {
+		p.ResetAll()
+	}
+}
+
+func (a *agent) delay(d time.Duration) {
+	for _, p := range a.proxies {
+		p.Delay(d)
+	}
 }
 
 // start starts the agent process and waits until it answers ping.

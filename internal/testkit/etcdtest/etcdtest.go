@@ -267,6 +267,9 @@ func (m *Member) Addr() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(m.clientPort))
 }
 
+// LogPath returns the file that holds what the member printed.
+func (m *Member) LogPath() string { return m.logPath }
+
 // Name returns the member's name: m0, m1, ...
 func (m *Member) Name() string { return m.name }
 
