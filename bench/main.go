@@ -2,15 +2,18 @@
 // applications use directly, github.com/bsm/redislock and
 // github.com/go-redsync/redsync/v4, in one run on one machine and one
 // redis-server, and prints a table with the ratios that
-// docs/performance.md sets targets for.
+// docs/performance.md sets targets for. Its etcd section measures the
+// etcd backend on three etcd members against etcd's own
+// concurrency.Mutex, and the renewal load of leases held on etcd.
 //
 // It is a module of its own so that the peers never enter the agent's
 // go.mod. From the repository's root:
 //
 //	cd bench && go run .
 //
-// It builds the agent, starts its own redis-server (it must be on PATH) and
-// agent processes in a temporary directory, and removes them at the end.
+// It builds the agent, starts its own redis-server and etcd members (they
+// must be on PATH) and agent processes in a temporary directory, and
+// removes them at the end.
 package main
 
 import (
@@ -44,20 +47,26 @@ func main() {
 		handover = flag.Int("handover", 50, "rounds of the dead-holder handover")
 		sessions = flag.Int("sessions", 10000, "sessions, one lease each, whose agent memory is measured")
 		settle   = flag.Duration("settle", 2*time.Minute, "how long the sessions hold their leases before the agent's memory is measured for the target (also at 30s when longer)")
-		only     = flag.String("only", "", "comma-separated sections to run: pairs, renewals, handover, rss (default all)")
+		etcdHeld = flag.String("etcd-held", "100000", "numbers of held leases whose renewal load is measured on etcd")
+		only     = flag.String("only", "", "comma-separated sections to run: pairs, renewals, handover, rss, etcd (default all)")
 	)
 	flag.Parse()
 	b := &bench{bin: *agentBin, n1: *n1, n64: *n64, rounds: *rounds, window: *window, handoverRounds: *handover, sessions: *sessions, settle: *settle}
-	for s := range strings.SplitSeq(*held, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			v, err := strconv.Atoi(s)
-			if err != nil {
-				fatal(fmt.Errorf("-held: %w", err))
+	for _, l := range []struct {
+		flag string
+		dst  *[]int
+	}{{*held, &b.held}, {*etcdHeld, &b.etcdHeld}} {
+		for s := range strings.SplitSeq(l.flag, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				v, err := strconv.Atoi(s)
+				if err != nil {
+					fatal(fmt.Errorf("-held, -etcd-held: %w", err))
+				}
+				*l.dst = append(*l.dst, v)
 			}
-			b.held = append(b.held, v)
 		}
 	}
-	sections := map[string]bool{"pairs": true, "renewals": true, "handover": true, "rss": true}
+	sections := map[string]bool{"pairs": true, "renewals": true, "handover": true, "rss": true, "etcd": true}
 	if *only != "" {
 		clear(sections)
 		for s := range strings.SplitSeq(*only, ",") {
@@ -76,7 +85,7 @@ func fatal(err error) {
 
 type bench struct {
 	n1, n64, rounds int
-	held            []int
+	held, etcdHeld  []int
 	window          time.Duration
 	handoverRounds  int
 	sessions        int
@@ -115,7 +124,7 @@ func (b *bench) run(root string, sections map[string]bool) (err error) {
 	for _, s := range []struct {
 		name string
 		run  func(*table) error
-	}{{"pairs", b.pairs}, {"renewals", b.renewals}, {"handover", b.handover}, {"rss", b.rss}} {
+	}{{"pairs", b.pairs}, {"renewals", b.renewals}, {"handover", b.handover}, {"rss", b.rss}, {"etcd", b.etcd}} {
 		if !sections[s.name] {
 			continue
 		}
@@ -370,6 +379,7 @@ func cpuModel() string {
 type table struct {
 	latency, commands, renewal [][]string
 	handover, rss              [][]string
+	etcdPairs, etcdRenewal     [][]string
 	rssHeader                  []string
 	targets                    [][]string
 	printed                    map[string]bool
@@ -399,6 +409,8 @@ func (t *table) print() {
 	section("Renewal load, 15 s TTL, redis backend", []string{"held leases", "agent CPU %", "redis CPU %", "redis commands/s"}, t.renewal)
 	section("Dead holder → waiter holding the lock", []string{"case", "rounds", "p50 ms", "p99/max ms"}, t.handover)
 	section("Agent memory, one lease per session", t.rssHeader, t.rss)
+	section("Acquire+release pairs on a three-member etcd", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s", "agent CPU µs/op", "etcd CPU µs/op (3 members)"}, t.etcdPairs)
+	section("Renewal load, 15 s TTL, etcd backend (3 members)", []string{"held leases", "agent CPU %", "etcd CPU % (3 members)"}, t.etcdRenewal)
 }
 
 func (t *table) printTargets() {
