@@ -1,6 +1,9 @@
 package agent
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // The handover's gate. An agent handing its state over to a new process
 // (an upgrade) stops at a point the new one can go on from: Freeze waits
@@ -65,4 +68,20 @@ func (a *Agent) Thaw() {
 func (a *Agent) thawLocked() {
 	a.frozen = false
 	a.stepped.Broadcast()
+}
+
+// Slack is how long the agent can stay frozen before a lease's local
+// deadline passes: until the first deadline; false without a lease. A
+// handover must end well within it, or the leases are lost.
+func (a *Agent) Slack() (time.Duration, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sched.len() == 0 {
+		return 0, false
+	}
+	first := a.sched.e[0].l.validUntil
+	for _, e := range a.sched.e[1:] {
+		first = earliest(first, e.l.validUntil)
+	}
+	return max(first.Sub(a.now().mono), 0), true
 }

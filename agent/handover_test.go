@@ -50,6 +50,34 @@ func TestFreezeStopsTheBackend(t *testing.T) {
 	})
 }
 
+// TestSlackIsUntilTheFirstDeadline: how long a frozen agent may stay so is
+// until the first lease's local deadline, which no renewal moves while it
+// is frozen.
+func TestSlackIsUntilTheFirstDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _, stop := run(t, agent.Config{})
+		defer stop()
+		_, ok := a.Slack()
+		require.False(t, ok, "no lease, no slack")
+		s, _ := openSession(t, a)
+		mustAcquire(t, s, agent.AcquireRequest{Name: "long", TTL: 30 * time.Second})
+		mustAcquire(t, s, agent.AcquireRequest{Name: "short", TTL: 3 * time.Second})
+		synctest.Wait()
+		require.NoError(t, a.Freeze(context.Background()))
+		slack, ok := a.Slack()
+		require.True(t, ok)
+		require.Greater(t, slack, 2*time.Second, "the short lease's deadline, less its margin")
+		require.LessOrEqual(t, slack, 3*time.Second)
+		time.Sleep(time.Second)
+		later, _ := a.Slack()
+		require.Equal(t, slack-time.Second, later, "frozen: nothing renews")
+		time.Sleep(slack)
+		later, _ = a.Slack()
+		require.Zero(t, later, "past the deadline")
+		a.Thaw()
+	})
+}
+
 // TestFreezeWaitsForTheSteps: Freeze returns once the step under way (an
 // acquire's attempt, here slow) has ended; if it does not end in time, the
 // agent goes on, unfrozen.

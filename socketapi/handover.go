@@ -62,6 +62,7 @@ func (s *Server) Freeze(ctx context.Context) error {
 	return s.gate.freeze(ctx, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.frozeAt = time.Now()
 		past := time.Unix(1, 0)
 		s.ln.SetDeadline(past)
 		for c := range s.conns {
@@ -86,8 +87,18 @@ func (s *Server) Thaw() {
 	}
 	s.gate.thaw(func() {
 		s.ln.SetDeadline(time.Time{})
-		// The read deadlines the read loops keep, which Freeze changed.
+		// The time frozen does not count against a heartbeat or a line
+		// begun: the peer could not be heard meanwhile.
+		frozen := time.Since(s.frozeAt)
 		for _, c := range conns {
+			if !c.hbDeadline.IsZero() {
+				c.hbDeadline = c.hbDeadline.Add(frozen)
+			}
+			if !c.lineDeadline.IsZero() {
+				c.lineDeadline = c.lineDeadline.Add(frozen)
+			}
+			// The read deadline the read loop keeps, which Freeze
+			// changed; the loop sets it again from the deadlines.
 			c.nc.SetReadDeadline(c.readDeadline)
 		}
 	})
@@ -120,7 +131,6 @@ func (s *Server) Snapshot() (State, []int, error) {
 	if s.ln.lock != nil {
 		st.ListenerLock = add(int(s.ln.lock.File().Fd()))
 	}
-	now := time.Now()
 	for _, c := range s.connections() {
 		if c.out.isClosed() {
 			continue // ending: its session is told it went (see Adopt)
@@ -130,7 +140,8 @@ func (s *Server) Snapshot() (State, []int, error) {
 			cs.Session = c.sess.ID()
 		}
 		if !c.hbDeadline.IsZero() {
-			cs.HeartbeatIn = max(c.hbDeadline.Sub(now), time.Nanosecond)
+			// What was left at the freeze: the time frozen does not count.
+			cs.HeartbeatIn = max(c.hbDeadline.Sub(s.frozeAt), time.Nanosecond)
 		}
 		if c.lr.end > c.lr.start {
 			cs.Input = slices.Clone(c.lr.buf[c.lr.start:c.lr.end])
@@ -205,10 +216,9 @@ func AdoptListener(st State, files []*os.File) (*Listener, error) {
 // connection with. Set the agent, Resume, then Serve with the listener
 // from AdoptListener: it goes on with them. The files stay the caller's
 // to close.
-func (s *Server) Adopt(st State, files []*os.File, elapsed time.Duration) (func(session string) agent.Conn, error) {
+func (s *Server) Adopt(st State, files []*os.File) (func(session string) agent.Conn, error) {
 	s.setDefaults()
 	bySession := make(map[string]*conn)
-	now := time.Now().Add(-elapsed)
 	for _, cs := range st.Conns {
 		if cs.FD < 0 || cs.FD >= len(files) {
 			return nil, fmt.Errorf("socketapi: adopt: no descriptor %d", cs.FD)
@@ -229,9 +239,6 @@ func (s *Server) Adopt(st State, files []*os.File, elapsed time.Duration) (func(
 		}
 		c := newConn(s, nc, nil, peer)
 		c.heartbeat = cs.Heartbeat
-		if cs.HeartbeatIn > 0 {
-			c.hbDeadline = now.Add(cs.HeartbeatIn)
-		}
 		c.lr = lineReader{r: c.nc, max: s.MaxLineBytes, begun: c.lineBegun}
 		c.lr.resume(cs.Input)
 		s.adopted = append(s.adopted, adopted{c, cs})
@@ -261,6 +268,9 @@ func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 	for _, ad := range s.adopted {
 		c, cs := ad.c, ad.st
 		c.idle = idle
+		if cs.HeartbeatIn > 0 {
+			c.hbDeadline = time.Now().Add(cs.HeartbeatIn) // see Snapshot
+		}
 		s.register(ctx, c)
 		if cs.Session != "" {
 			c.sess = s.Agent.Session(cs.Session)

@@ -75,6 +75,9 @@ type Server struct {
 	budget *outputBudget
 	lists  *turns // see conn.list
 	gate   gate   // the handover's (see Freeze)
+	// frozeAt is when the last Freeze began; set under mu, read while
+	// frozen.
+	frozeAt time.Time
 
 	// A handover's connections (see Adopt), which Serve goes on with.
 	adopted []adopted

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -24,13 +25,14 @@ func TestCtlStatus(t *testing.T) {
 	r := lockagent(t, env, "ctl", "status")
 	requireCode(t, 0, r, "ctl status")
 	// Two sessions of the test, and ctl's own.
-	require.Regexp(t, regexp.MustCompile(`(?m)^version: +`+testVersion+`\nuptime: +\d+s\nbackend: +memory \(ok\)\nsessions: +3\nleases: +3\nwaiters: +0\n$`), r.stdout)
+	pid := strconv.Itoa(a.cmd.Process.Pid)
+	require.Regexp(t, regexp.MustCompile(`(?m)^version: +`+testVersion+`\npid: +`+pid+`\nuptime: +\d+s\nbackend: +memory \(ok\)\nsessions: +3\nleases: +3\nwaiters: +0\n$`), r.stdout)
 
 	r = lockagent(t, env, "ctl", "status", "-json")
 	requireCode(t, 0, r, "ctl status -json")
 	var st wire.StatusResult
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
-	assert.Equal(t, wire.StatusResult{Version: testVersion, UptimeMs: st.UptimeMs, Backend: "memory", BackendState: "ok", Sessions: 3, Leases: 3}, st)
+	assert.Equal(t, wire.StatusResult{Version: testVersion, PID: a.cmd.Process.Pid, UptimeMs: st.UptimeMs, Backend: "memory", BackendState: "ok", Sessions: 3, Leases: 3}, st)
 	assert.GreaterOrEqual(t, st.UptimeMs, int64(0))
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &fields))

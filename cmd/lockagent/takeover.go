@@ -162,7 +162,7 @@ func (in *instance) restore(access agent.Access, st handover.State, files []*os.
 		return err
 	}
 	in.srv = in.server()
-	connOf, err := in.srv.Adopt(st.Server, files, elapsed)
+	connOf, err := in.srv.Adopt(st.Server, files)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,10 @@ const (
 	// freezeTimeout bounds the wait for the requests and backend calls
 	// under way to end, before the agent is frozen.
 	freezeTimeout = 2 * time.Second
-	// restoreTimeout bounds the new process's restore of the state.
+	// restoreTimeout bounds the new process's restore of the state (the
+	// agent is frozen meanwhile), and half the time until the first
+	// lease's local deadline bounds it too: then the old process thaws
+	// in time to renew it.
 	restoreTimeout = 10 * time.Second
 )
 
@@ -174,7 +177,11 @@ func (u *upgrader) upgrade() (int, error) {
 		return 0, err
 	}
 	st.Format, st.Frozen = format, frozen
-	conn.SetDeadline(time.Now().Add(restoreTimeout))
+	limit := restoreTimeout
+	if slack, ok := in.a.Slack(); ok {
+		limit = min(limit, slack/2)
+	}
+	conn.SetDeadline(time.Now().Add(limit))
 	err = conn.Send(st)
 	if err == nil {
 		err = conn.SendFDs(fds)
@@ -186,8 +193,11 @@ func (u *upgrader) upgrade() (int, error) {
 	var ready handover.Ready
 	if err := conn.Recv(&ready); err != nil || ready.Failed != "" {
 		thaw()
-		if err == nil {
+		switch {
+		case err == nil:
 			return 0, fmt.Errorf("the new process could not take the agent over: %s", ready.Failed)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return 0, fmt.Errorf("the new process was not ready in %s (at most %s, and half the time until the first lease's local deadline)", limit, restoreTimeout)
 		}
 		return 0, fmt.Errorf("the new process: %w", endedWith(err, exited, cmd))
 	}
@@ -240,14 +250,18 @@ func (u *upgrader) accept(h handover.Hello) (int, string) {
 	return 0, fmt.Sprintf("the new binary (%s) reads state formats %v, and this one writes %d or %d", h.Version, h.Formats, handover.Format, handover.Format-1)
 }
 
-// settingsOf are the settings a handover keeps: the backend (and where it
-// keeps its locks) and the socket.
+// settingsOf are the settings a handover keeps: the backend and where it
+// keeps the locks (not its credentials, TLS files or timeouts, which may
+// change), and the socket.
 func settingsOf(cfg config.Config) handover.Settings {
 	st := handover.Settings{Socket: cfg.Socket.Path, Metrics: cfg.Metrics.Address}
 	switch b := cfg.Backend; b.Kind {
 	case "redis":
 		r := b.Redis
 		st.Backend = fmt.Sprintf("redis %s cluster=%v master=%q db=%d key_prefix=%q", strings.Join(r.Addresses, ","), r.Cluster, r.MasterName, r.DB, r.KeyPrefix)
+	case "etcd":
+		e := b.Etcd
+		st.Backend = fmt.Sprintf("etcd %s key_prefix=%q", strings.Join(e.Endpoints, ","), e.KeyPrefix)
 	default:
 		st.Backend = "memory " + cfg.StateDir
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/internal/testkit/etcdtest"
 	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
 
@@ -20,18 +21,22 @@ import (
 const upgradeConns = 1000
 
 // TestUpgradeLosesNothing upgrades an agent serving 1,000 connections to
-// a binary of another version, on the embedded backend and on Redis: no
+// a binary of another version, on the embedded backend, Redis and etcd: no
 // connection closes, no event is sent, every lease is held with its
 // token, the waiter and the candidate keep their places, the detached
 // session resumes, the loops never fail. The old process exits 0 once the
 // new one serves.
 func TestUpgradeLosesNothing(t *testing.T) {
-	for _, backend := range []string{"memory", "redis"} {
+	for _, backend := range []string{"memory", "redis", "etcd"} {
 		t.Run(backend, func(t *testing.T) {
 			env := newAgentEnv(t)
-			if backend == "redis" {
+			switch backend {
+			case "redis":
 				srv := redistest.Start(t, redistest.Options{})
 				env.writeConfig(t, fmt.Sprintf("backend \"redis\" {\n  addresses  = [%q]\n  key_prefix = \"e2e\"\n}\n", srv.Addr()))
+			case "etcd":
+				c := etcdtest.Start(t, etcdtest.Options{Members: 3})
+				env.writeConfig(t, fmt.Sprintf("backend \"etcd\" {\n  endpoints  = [%s]\n  key_prefix = \"e2e\"\n}\n", quoteList(c.Endpoints())))
 			}
 			u := startUpgradable(t, env, lockagentBin)
 			old := u.status(t)
@@ -162,6 +167,18 @@ func TestFailedUpgradesServeOn(t *testing.T) {
 			u.requireServing(t, pid, testVersion)
 		})
 	}
+	// A new process that takes the state and stalls: the agent thaws at
+	// half the time to the first lease's local deadline (its leases have
+	// TTLs of 5s), in time to renew it.
+	t.Run("a new process that stalls", func(t *testing.T) {
+		u.installScript(t, fmt.Sprintf(`exec env %s=handover-then-wait %s state %q "$@"`, helperEnv, testBinary(t), env.dir+"/stalled"))
+		began := time.Now()
+		r := runUpgrade(env)
+		requireCode(t, 1, r, "an upgrade whose new process stalls")
+		require.Contains(t, r.stderr, "the new process was not ready in")
+		require.Less(t, time.Since(began), 4*time.Second, "the freeze ends before the first lease's deadline")
+		u.requireServing(t, pid, testVersion)
+	})
 	t.Run("then an upgrade succeeds", func(t *testing.T) {
 		u.install(t, nextBinary(t))
 		requireCode(t, 0, u.upgrade(t), "ctl upgrade")
@@ -169,9 +186,9 @@ func TestFailedUpgradesServeOn(t *testing.T) {
 		require.Equal(t, nextVersion, u.status(t).Version)
 	})
 	ld.verify(t)
-	require.Equal(t, 6, strings.Count(u.output(t), "upgrade failed; serving on"), "the log of the failed upgrades")
+	require.Equal(t, 7, strings.Count(u.output(t), "upgrade failed; serving on"), "the log of the failed upgrades")
 	m := scrape(t, url[1])
-	require.Equal(t, 6.0, m[`lockagent_upgrades_total{result="failed"}`])
+	require.Equal(t, 7.0, m[`lockagent_upgrades_total{result="failed"}`])
 	require.Equal(t, 1.0, m[`lockagent_upgrades_total{result="succeeded"}`])
 	require.Positive(t, m["lockagent_last_upgrade_duration_seconds"])
 	require.InDelta(t, float64(time.Now().Unix()), m["lockagent_last_upgrade_time_seconds"], 60)
