@@ -74,16 +74,18 @@
 // $LOCKAGENT_ARTIFACTS (else the temporary directory), named in the failure
 // message; -chaos.keep saves them for runs that pass too.
 //
-// One more kind of fault stays out of the deck, so that seeds keep their
+// Two more kinds of fault stay out of the deck, so that seeds keep their
 // schedules: an agent starved of CPU (docs/testing.md C6), stopped and run in
-// turns, for moments at a time, for seconds. Config.Starvation makes it
-// the schedule's only kind.
+// turns, for moments at a time, for seconds, which Config.Starvation makes
+// the schedule's only kind; and an agent upgraded (C9), handed over to a
+// new process of its binary under the load, which Config.Upgrades adds to
+// the deck.
 //
 // The tests run a 10 s fault-free run, a 60 s run with faults, a 30 s run
 // of starvation, and the seeds that found bugs (regressions). A long run
 // is one command:
 //
-//	go test ./internal/chaos -run 'TestChaos$' -chaos.duration=10m -timeout 0
+//	go test ./internal/testkit/chaos -run 'TestChaos$' -chaos.duration=10m -timeout 0
 //
 // A failing seed is replayed with -chaos.seed=S (with -chaos.duration as
 // long as it took), against another build of the agent with
@@ -101,6 +103,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lockagent/lockagent/internal/testkit/lockcheck"
 )
@@ -137,6 +141,11 @@ type Config struct {
 	// Starvation makes the fault schedule agents starved of CPU alone
 	// (docs/testing.md C6) instead of D1's mix; it needs Faults.
 	Starvation bool
+	// Upgrades adds agents upgraded (handed over to a new process of the
+	// binary, docs/upgrades.md) to the schedule's kinds; it needs Faults.
+	// The seeds of runs without it keep their schedules. UpgradesOnly
+	// makes it the schedule's only kind.
+	Upgrades, UpgradesOnly bool
 	// Etcd runs the agents on a three-member etcd instead of Redis: the
 	// schedule's faults of redis-server become faults of the members (a
 	// member paused, the leader killed, a member restarted).
@@ -291,6 +300,13 @@ func Run(t *testing.T, cfg Config) *Report {
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = RandomSeed()
+	}
+	if cfg.Upgrades || cfg.UpgradesOnly {
+		// An upgraded agent's new process, the old one's child, becomes
+		// this process's once the old one exits: the harness follows it.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			t.Fatalf("chaos: PR_SET_CHILD_SUBREAPER: %v", err)
+		}
 	}
 	mode := "faults"
 	if !cfg.Faults {

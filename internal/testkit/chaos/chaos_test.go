@@ -63,7 +63,22 @@ func TestChaosFaultFree(t *testing.T) {
 // of faults, checked in lease mode; the unfenced counters must lose
 // updates, the fenced ones none.
 func TestChaos(t *testing.T) {
-	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: *chaosDuration, Faults: true, KeepArtifacts: *chaosKeep})
+	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: *chaosDuration, Faults: true, Upgrades: true, KeepArtifacts: *chaosKeep})
+}
+
+// TestChaosUpgrades: the same workload while the agents are upgraded one
+// after the other, every 0.5 to 2.5 s, checked in lease mode like
+// TestChaos: no violation, and nothing lost. An upgrade loses no lease, so
+// no holder goes stale: the demand that the unfenced counters lose
+// something is TestChaos's.
+func TestChaosUpgrades(t *testing.T) {
+	rep := Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: 20 * time.Second, Faults: true, UpgradesOnly: true, NoTeeth: true, KeepArtifacts: *chaosKeep})
+	if rep.Faults < 5 {
+		t.Errorf("chaos: %d upgrades in 20s", rep.Faults)
+	}
+	if rep.Lost != 0 || rep.TermsLost != 0 {
+		t.Errorf("chaos: upgrades lost %d leases and %d leaders' terms", rep.Lost, rep.TermsLost)
+	}
 }
 
 // TestChaosEtcd: the same workload on a three-member etcd, under its
@@ -75,7 +90,7 @@ func TestChaos(t *testing.T) {
 // catches one writing: the demand that the unfenced counters lose
 // something is TestChaos's, on Redis, whose checkers are the same.
 func TestChaosEtcd(t *testing.T) {
-	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: *chaosEtcdDuration, Faults: true, Etcd: true, NoTeeth: true, KeepArtifacts: *chaosKeep})
+	Run(t, Config{Binary: bin, Seed: *chaosSeed, Duration: *chaosEtcdDuration, Faults: true, Upgrades: true, Etcd: true, NoTeeth: true, KeepArtifacts: *chaosKeep})
 }
 
 // TestStarvation is docs/testing.md's C6: the same workload while agents, one

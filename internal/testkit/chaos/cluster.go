@@ -47,10 +47,11 @@ type agent struct {
 	logPath string
 	proxies []*faultproxy.Proxy // one per server the agent reaches
 
-	mu         sync.Mutex // guards the fields below
-	cmd        *exec.Cmd
-	done       chan struct{} // closed when the current process has exited
-	expectExit bool          // the harness killed or stopped it
+	mu         sync.Mutex       // guards the fields below
+	proc       *os.Process      // the process that serves the agent: started, or handed the agent by an upgrade
+	state      *os.ProcessState // proc's, once it has exited
+	done       chan struct{}    // closed when proc has exited
+	expectExit bool             // the harness killed, stopped or upgraded it
 	starts     int
 	unexpected []string // exits the harness did not cause
 }
@@ -153,18 +154,8 @@ func (a *agent) start() error {
 		a.mu.Unlock()
 		return fmt.Errorf("start agent %d: %w", a.idx, err)
 	}
-	done := make(chan struct{})
-	a.cmd, a.done, a.expectExit = cmd, done, false
+	done := a.follow(cmd.Process)
 	a.mu.Unlock()
-	go func() {
-		err := cmd.Wait()
-		a.mu.Lock()
-		if !a.expectExit {
-			a.unexpected = append(a.unexpected, fmt.Sprintf("agent %d (pid %d) exited on its own: %v", a.idx, cmd.Process.Pid, err))
-		}
-		a.mu.Unlock()
-		close(done)
-	}()
 
 	deadline := time.Now().Add(readyTimeout)
 	for {
@@ -181,6 +172,73 @@ func (a *agent) start() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// follow makes p the agent's process, and returns the channel closed when
+// it has exited. a.mu is held.
+func (a *agent) follow(p *os.Process) chan struct{} {
+	done := make(chan struct{})
+	a.proc, a.state, a.done, a.expectExit = p, nil, done, false
+	go func() {
+		st, err := p.Wait()
+		a.mu.Lock()
+		if a.proc == p {
+			a.state = st
+			if !a.expectExit {
+				a.unexpected = append(a.unexpected, fmt.Sprintf("agent %d (pid %d) exited on its own: %v%v", a.idx, p.Pid, st, err))
+			}
+		}
+		a.mu.Unlock()
+		close(done)
+	}()
+	return done
+}
+
+// upgraded is an upgrade: the process it took the agent from, and the
+// one it gave it to.
+type upgraded struct{ from, to int }
+
+// upgrade upgrades the agent (to the same binary: what matters is the
+// handover under the load), and follows the new process. The test's
+// process is its children's subreaper (see Run), so that the new process,
+// the old one's child, becomes its child once the old one has exited.
+func (a *agent) upgrade() (upgraded, error) {
+	a.mu.Lock()
+	old, done := a.proc, a.done
+	a.expectExit = true
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	up, err := func() (*client.Upgraded, error) {
+		c, err := client.Dial(ctx, a.socket)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		return c.Upgrade(ctx)
+	}()
+	if err != nil {
+		a.mu.Lock()
+		a.expectExit = false
+		a.mu.Unlock()
+		return upgraded{}, err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return upgraded{}, fmt.Errorf("the old process (pid %d) did not exit", old.Pid)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if code := a.state.ExitCode(); code != 0 {
+		return upgraded{}, fmt.Errorf("the old process (pid %d) exited with status %d", old.Pid, code)
+	}
+	p, err := os.FindProcess(up.PID)
+	if err != nil {
+		return upgraded{}, fmt.Errorf("the new process (pid %d): %w", up.PID, err)
+	}
+	a.follow(p)
+	return upgraded{from: old.Pid, to: up.PID}, nil
 }
 
 // ping opens a connection to socket and pings.
@@ -209,10 +267,10 @@ func (a *agent) running() bool {
 // signal sends sig to the agent's process, if it runs.
 func (a *agent) signal(sig syscall.Signal) {
 	a.mu.Lock()
-	cmd := a.cmd
+	p := a.proc
 	a.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Signal(sig)
+	if p != nil {
+		_ = p.Signal(sig)
 	}
 }
 
@@ -221,14 +279,14 @@ func (a *agent) signal(sig syscall.Signal) {
 // and a thread still running might serve a request sent meanwhile.
 func (a *agent) pause() {
 	a.mu.Lock()
-	cmd := a.cmd
+	p := a.proc
 	a.mu.Unlock()
-	if cmd == nil {
+	if p == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	_ = p.Signal(syscall.SIGSTOP)
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if allStopped(cmd.Process.Pid) {
+		if allStopped(p.Pid) {
 			return
 		}
 	}
@@ -262,13 +320,13 @@ func allStopped(pid int) bool {
 // kill kills the agent with SIGKILL and waits for it to be gone.
 func (a *agent) kill() {
 	a.mu.Lock()
-	cmd, done := a.cmd, a.done
+	p, done := a.proc, a.done
 	a.expectExit = true
 	a.mu.Unlock()
-	if cmd == nil {
+	if p == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.Signal(syscall.SIGKILL)
 	<-done
 }
 
@@ -276,10 +334,10 @@ func (a *agent) kill() {
 // and reports whether it exited cleanly in time; it is killed otherwise.
 func (a *agent) stop() error {
 	a.mu.Lock()
-	cmd, done := a.cmd, a.done
+	p, done := a.proc, a.done
 	a.expectExit = true
 	a.mu.Unlock()
-	if cmd == nil {
+	if p == nil {
 		return nil
 	}
 	select {
@@ -287,11 +345,14 @@ func (a *agent) stop() error {
 		return nil
 	default:
 	}
-	_ = cmd.Process.Signal(syscall.SIGCONT)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGCONT)
+	_ = p.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
-		if code := cmd.ProcessState.ExitCode(); code != 0 {
+		a.mu.Lock()
+		code := a.state.ExitCode()
+		a.mu.Unlock()
+		if code != 0 {
 			return fmt.Errorf("agent %d exited with status %d after SIGTERM", a.idx, code)
 		}
 		return nil

@@ -29,6 +29,7 @@ const (
 	stopMemberLong                   // ... > TTL
 	killLeader                       // the etcd leader SIGKILLed, and restarted
 	restartMember                    // an etcd member stopped (SIGTERM) and restarted
+	upgradeAgent                     // an agent upgraded: handed over to a new process (C9)
 )
 
 // mixKinds are the kinds of D1's schedule, in the order that its seeds
@@ -44,7 +45,7 @@ var etcdKinds = []faultKind{blackholeShort, blackholeLong, resetLinks, slowLink,
 func (k faultKind) String() string {
 	return [...]string{"blackhole-short", "blackhole-long", "reset-links", "slow-link", "stop-agent-short",
 		"stop-agent-long", "kill-agent", "pause-redis-short", "pause-redis-long", "restart-redis", "kill-client",
-		"pause-client", "starve-agent", "stop-member-short", "stop-member-long", "kill-leader", "restart-member"}[k]
+		"pause-client", "starve-agent", "stop-member-short", "stop-member-long", "kill-leader", "restart-member", "upgrade-agent"}[k]
 }
 
 // faultRec is a fault as injected: its target (an agent's index, or -1
@@ -76,8 +77,14 @@ func (r *run) injectFaults(until time.Time, workers, candidates []*worker) {
 			if r.c.etcd != nil {
 				deck = slices.Clone(etcdKinds)
 			}
+			if r.cfg.Upgrades {
+				deck = append(deck, upgradeAgent)
+			}
 			if r.cfg.Starvation {
 				deck = []faultKind{starveAgent}
+			}
+			if r.cfg.UpgradesOnly {
+				deck = []faultKind{upgradeAgent}
 			}
 			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
@@ -165,6 +172,15 @@ func (r *run) inject(kind faultKind, target int, short, long time.Duration, pick
 		}
 		f.end = r.now()
 		f.detail += fmt.Sprintf(" (%d stops)", stops)
+	case upgradeAgent:
+		up, err := a.upgrade()
+		f.end = r.now()
+		if err != nil {
+			r.t.Errorf("chaos: upgrading agent %d: %v", target, err)
+			f.detail = fmt.Sprintf("agent %d: upgrade failed: %v", target, err)
+			break
+		}
+		f.detail = fmt.Sprintf("agent %d upgraded: pid %d to %d in %v", target, up.from, up.to, time.Duration(f.end-f.start).Round(time.Millisecond))
 	case killAgent:
 		down := short * 2
 		f.detail = fmt.Sprintf("agent %d SIGKILLed, restarted after %v", target, down)
