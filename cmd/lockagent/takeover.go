@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -121,7 +122,7 @@ func cannotTakeOver(err error) {
 // commit (the agent stays frozen, the server does not run).
 func (in *instance) restore(access agent.Access, st handover.State, files []*os.File) error {
 	elapsed := st.Since()
-	if st.Format != handover.Format {
+	if !slices.Contains(handover.Formats, st.Format) {
 		return fmt.Errorf("a state of format %d, and this binary reads %v", st.Format, handover.Formats)
 	}
 	if st.Memory != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -240,14 +239,10 @@ func (u *upgrader) accept(h handover.Hello) (int, string) {
 	case mine.Socket != h.Settings.Socket:
 		return 0, fmt.Sprintf("the new configuration's socket (%s) is not the running one's (%s): restart the agent to change it", h.Settings.Socket, mine.Socket)
 	}
-	// The newest format both read: a release writes its own format and
-	// the one before.
-	for _, f := range slices.Backward(h.Formats) {
-		if f == handover.Format || f == handover.Format-1 {
-			return f, ""
-		}
+	if f := handover.Pick(handover.Formats, h.Formats); f != 0 {
+		return f, ""
 	}
-	return 0, fmt.Sprintf("the new binary (%s) reads state formats %v, and this one writes %d or %d", h.Version, h.Formats, handover.Format, handover.Format-1)
+	return 0, fmt.Sprintf("the new binary (%s) reads state formats %v, and this one writes %v: upgrade through the releases between, or restart the agent", h.Version, h.Formats, handover.Formats)
 }
 
 // settingsOf are the settings a handover keeps: the backend and where it

@@ -30,6 +30,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -45,8 +46,28 @@ import (
 // an upgrade, and a downgrade, between neighbouring releases work.
 const Format = 1
 
-// Formats are the formats this release reads.
-var Formats = []int{Format}
+// Formats are the formats this release reads and writes: its own and
+// the one before it (none is before the first).
+var Formats = FormatsOf(Format)
+
+// FormatsOf are the formats a release of format f reads and writes.
+func FormatsOf(f int) []int {
+	if f > 1 {
+		return []int{f - 1, f}
+	}
+	return []int{f}
+}
+
+// Pick is the format of a state that a release writing the formats
+// writes gives one reading reads: the newest of both; 0 if none.
+func Pick(writes, reads []int) int {
+	for _, f := range slices.Backward(reads) {
+		if slices.Contains(writes, f) {
+			return f
+		}
+	}
+	return 0
+}
 
 // Env names the environment variable that tells a new process the
 // descriptor of its side of the conversation.
