@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,15 +195,28 @@ func redisGrantOrder(t *testing.T) []lockcheck.Tenure {
 	close(stop)
 	<-done
 
+	// The replica has the contention's last release before its link
+	// goes: else its promotion would keep that holder, and refuse the
+	// grant that must overlap the lost one.
+	require.Eventually(t, func() bool {
+		n, err := rc.Exists(t.Context(), "order:lk:{x}").Result()
+		return err == nil && n == 0
+	}, 10*time.Second, time.Millisecond, "the replica has the last release")
+
 	// The failover: a grant the replica has not received, the primary
 	// dies, the replica is promoted, and another agent takes the name.
 	link.Blackhole()
 	_, err := bs[0].Acquire(t.Context(), backend.AcquireRequest{Name: "x", LeaseID: "lost", Mode: backend.Exclusive, TTL: 10 * time.Second})
 	require.NoError(t, err)
+	// Its MONITOR line may leave the primary after the answer: killed at
+	// once, the primary would take it along, and the history lack the
+	// grant the failover loses.
+	mon.await(t, 0, `"lost"`)
 	primary.Kill()
 	require.NoError(t, rc.Do(t.Context(), "REPLICAOF", "NO", "ONE").Err())
 	_, err = openOn(replica.Addr()).Acquire(t.Context(), backend.AcquireRequest{Name: "x", LeaseID: "after", Mode: backend.Exclusive, TTL: 10 * time.Second})
 	require.NoError(t, err)
+	mon.await(t, 1, `"after"`)
 	return mon.stop(t)
 }
 
@@ -241,12 +255,21 @@ func (m *monitors) start(t *testing.T, addr string) {
 	})
 }
 
+// await waits until server's MONITOR has shown a line containing s.
+func (m *monitors) await(t *testing.T, server int, s string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return slices.ContainsFunc(m.lines[server], func(l string) bool { return strings.Contains(l, s) })
+	}, 5*time.Second, time.Millisecond, "MONITOR of server %d shows %s", server, s)
+}
+
 var quoted = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
 
-// stop ends the monitors and returns the tenures of name x they saw:
+// stop ends the monitors (once await has seen the last line wanted) and returns the tenures of name x they saw:
 // HSET of its holder key with a token, then DEL of it.
 func (m *monitors) stop(t *testing.T) []lockcheck.Tenure {
-	time.Sleep(100 * time.Millisecond) // the last lines on their way
 	for _, c := range m.conns {
 		c.Close()
 	}
