@@ -21,6 +21,7 @@ import (
 // responses and events.
 type conn struct {
 	srv  *Server
+	id   uint64 // the server's number for it, kept across a handover
 	nc   *net.UnixConn
 	fd   int32       // nc's descriptor, for idle; -1: unknown
 	idle *idlePoller // where the connection waits while idle; nil: none
@@ -56,6 +57,9 @@ type conn struct {
 func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer) *conn {
 	fd, raw := connFD(nc)
 	c := &conn{srv: s, nc: nc, fd: fd, idle: idle, log: s.Logger, peer: peer}
+	// From the start: the agent may close an adopted connection before
+	// Serve registers it (see Server.Adopt).
+	c.ctx, c.end = context.WithCancel(context.Background())
 	c.out = &output{
 		w:        newLineWriter(nc, raw, s.WriteTimeout),
 		maxBytes: s.MaxQueueBytes,
@@ -69,7 +73,7 @@ func newConn(s *Server, nc *net.UnixConn, idle *idlePoller, peer agent.Peer) *co
 			if c.idle != nil {
 				c.idle.unpark(c.fd)
 			}
-			c.nc.Close()
+			s.closeSocket(c.nc)
 		},
 		warn: func(msg string, args ...any) {
 			s.PeerLog.Log(s.Logger, hclog.Warn, c.peer.UID, msg, append([]any{"pid", c.peer.PID, "uid", c.peer.UID}, args...)...)

@@ -19,14 +19,19 @@ import (
 // A handover gives a serving agent's connections, listener and state to a
 // new process, which goes on with them (an upgrade). The server's part:
 //
+//  0. Connections, while the server serves: the connections' ids and
+//     descriptors, which the new process takes with Prepare, so that the
+//     work of taking them is done before the freeze;
 //  1. Freeze: no connection is accepted, and each connection stops reading
 //     at a line's end, once the request it handles, if any, is answered;
 //  2. the agent freezes (agent.Freeze): what it answers meanwhile is queued;
 //  3. FreezeOutput: each connection stops writing, what it had not written
 //     (a line's rest included) staying in its queue;
-//  4. Snapshot: the connections' state, and the descriptors that go with it;
-//  5. in the new process, Adopt takes them, Resume gives it the agent's
-//     waiting acquires (from agent.Restore), and Serve goes on.
+//  4. Snapshot: the connections' state, and the descriptors that go with
+//     it: the listener's, and those of connections accepted since step 0;
+//  5. in the new process, Adopt takes them, with the prepared ones, Resume
+//     gives it the agent's waiting acquires (from agent.Restore), and
+//     Serve goes on.
 //
 // If the handover fails, Thaw lets the server go on as if nothing had
 // happened. If it succeeds, the old process exits without another step:
@@ -45,7 +50,8 @@ type State struct {
 
 // ConnState is one connection.
 type ConnState struct {
-	FD          int                        `json:"fd"`
+	ID          uint64                     `json:"id"`
+	FD          int                        `json:"fd"` // -1: it was among Connections
 	Session     string                     `json:"session,omitempty"`
 	Heartbeat   time.Duration              `json:"heartbeat,omitempty"`
 	HeartbeatIn time.Duration              `json:"heartbeat_in,omitempty"` // until it runs out
@@ -111,10 +117,80 @@ func (s *Server) connections() []*conn {
 	return slices.Collect(maps.Keys(s.conns))
 }
 
+// Connections returns the server's connections now, by id, and their
+// descriptors (step 0), which stay this process's: the receiving process
+// gets copies of them. Until done is called, once they are sent, no
+// socket is closed, so that no descriptor is reused meanwhile.
+func (s *Server) Connections() (ids []uint64, fds []int, done func()) {
+	s.keepMu.Lock()
+	s.keep = []*net.UnixConn{}
+	s.keepMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.fd >= 0 && !c.out.isClosed() {
+			ids = append(ids, c.id)
+			fds = append(fds, int(c.fd))
+		}
+	}
+	return ids, fds, func() {
+		s.keepMu.Lock()
+		keep := s.keep
+		s.keep = nil
+		s.keepMu.Unlock()
+		for _, nc := range keep {
+			nc.Close()
+		}
+	}
+}
+
+// Prepare takes the connections of Connections, from their descriptors,
+// in the new process, before the freeze: Adopt goes on with those the
+// state names, and closes the others, which ended meanwhile. It closes
+// each file once it has its own copy, so that an agent serving near its
+// descriptor limit never holds two of each.
+func (s *Server) Prepare(ids []uint64, files []*os.File) error {
+	s.setDefaults()
+	if len(ids) != len(files) {
+		return fmt.Errorf("socketapi: prepare: %d connections, %d descriptors", len(ids), len(files))
+	}
+	s.prepared = make(map[uint64]*conn, len(ids))
+	for i, f := range files {
+		c, err := s.take(f)
+		if err != nil {
+			return err
+		}
+		c.id = ids[i]
+		s.prepared[c.id] = c
+	}
+	return nil
+}
+
+// take makes a connection of a socket handed over, and closes f.
+func (s *Server) take(f *os.File) (*conn, error) {
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("socketapi: adopt a connection: %w", err)
+	}
+	nc, ok := fc.(*net.UnixConn)
+	if !ok {
+		fc.Close()
+		return nil, fmt.Errorf("socketapi: adopt a connection: a %s socket, not a Unix one", fc.LocalAddr().Network())
+	}
+	peer, err := peerOf(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("socketapi: adopt a connection: %w", err)
+	}
+	return newConn(s, nc, nil, peer), nil
+}
+
 // Snapshot returns the state of a frozen server (step 4), and the
 // descriptors it names, which stay this process's: the receiving process
-// gets copies of them.
-func (s *Server) Snapshot() (State, []int, error) {
+// gets copies of them. The connections of sent, the ids Connections
+// returned, are named without a descriptor.
+func (s *Server) Snapshot(sent []uint64) (State, []int, error) {
 	if !s.gate.frozen() {
 		return State{}, nil, fmt.Errorf("socketapi: snapshot of a server that is not frozen")
 	}
@@ -131,11 +207,18 @@ func (s *Server) Snapshot() (State, []int, error) {
 	if s.ln.lock != nil {
 		st.ListenerLock = add(int(s.ln.lock.File().Fd()))
 	}
+	was := make(map[uint64]bool, len(sent))
+	for _, id := range sent {
+		was[id] = true
+	}
 	for _, c := range s.connections() {
 		if c.out.isClosed() {
 			continue // ending: its session is told it went (see Adopt)
 		}
-		cs := ConnState{FD: add(int(c.fd)), Heartbeat: c.heartbeat, Output: c.out.queued()}
+		cs := ConnState{ID: c.id, FD: -1, Heartbeat: c.heartbeat, Output: c.out.queued()}
+		if !was[c.id] {
+			cs.FD = add(int(c.fd))
+		}
 		if c.sess != nil {
 			cs.Session = c.sess.ID()
 		}
@@ -214,30 +297,32 @@ func AdoptListener(st State, files []*os.File) (*Listener, error) {
 // Adopt takes over the connections of a State, from the files handed over
 // with it (step 5): it returns what agent.Restore finds each session's
 // connection with. Set the agent, Resume, then Serve with the listener
-// from AdoptListener: it goes on with them. The files stay the caller's
-// to close.
+// from AdoptListener: it goes on with them. Adopt takes the connections
+// Prepare took, and closes the files of the others as Prepare does; the
+// other files stay the caller's to close.
 func (s *Server) Adopt(st State, files []*os.File) (func(session string) agent.Conn, error) {
 	s.setDefaults()
 	bySession := make(map[string]*conn)
 	for _, cs := range st.Conns {
-		if cs.FD < 0 || cs.FD >= len(files) {
-			return nil, fmt.Errorf("socketapi: adopt: no descriptor %d", cs.FD)
+		c := s.prepared[cs.ID]
+		delete(s.prepared, cs.ID)
+		switch {
+		case cs.FD >= 0 && cs.FD < len(files):
+			var err error
+			if c, err = s.take(files[cs.FD]); err != nil {
+				return nil, err
+			}
+			c.id = cs.ID
+		case c == nil:
+			return nil, fmt.Errorf("socketapi: adopt: connection %d has no descriptor", cs.ID)
 		}
-		fc, err := net.FileConn(files[cs.FD])
-		if err != nil {
-			return nil, fmt.Errorf("socketapi: adopt a connection: %w", err)
+		s.lastID = max(s.lastID, c.id)
+		// What it had queued goes first: until goOn, whatever the restored
+		// agent sends it is queued behind.
+		c.out.freeze()
+		for _, line := range cs.Output {
+			c.out.queue(line)
 		}
-		nc, ok := fc.(*net.UnixConn)
-		if !ok {
-			fc.Close()
-			return nil, fmt.Errorf("socketapi: adopt a connection: a %s socket, not a Unix one", fc.LocalAddr().Network())
-		}
-		peer, err := peerOf(nc)
-		if err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("socketapi: adopt a connection: %w", err)
-		}
-		c := newConn(s, nc, nil, peer)
 		c.heartbeat = cs.Heartbeat
 		c.lr = lineReader{r: c.nc, max: s.MaxLineBytes, begun: c.lineBegun}
 		c.lr.resume(cs.Input)
@@ -246,6 +331,12 @@ func (s *Server) Adopt(st State, files []*os.File) (func(session string) agent.C
 			bySession[cs.Session] = c
 		}
 	}
+	// Connections that ended in the old process after they were sent:
+	// their copies here would keep them open.
+	for _, c := range s.prepared {
+		c.nc.Close()
+	}
+	s.prepared = nil
 	return func(session string) agent.Conn {
 		if c := bySession[session]; c != nil {
 			return c
@@ -263,7 +354,8 @@ func (s *Server) Resume(pending map[string]*agent.Pending) {
 
 // goOn starts the adopted connections (see Adopt), within Serve: each
 // answers its waiting acquires, writes what it had queued, and reads on.
-// The session of a connection that was ending is told it went.
+// The session of a connection that was ending is told it went. Then it
+// thaws the agent.
 func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 	for _, ad := range s.adopted {
 		c, cs := ad.c, ad.st
@@ -271,12 +363,9 @@ func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 		if cs.HeartbeatIn > 0 {
 			c.hbDeadline = time.Now().Add(cs.HeartbeatIn) // see Snapshot
 		}
-		s.register(ctx, c)
+		s.register(c)
 		if cs.Session != "" {
 			c.sess = s.Agent.Session(cs.Session)
-		}
-		for _, line := range cs.Output {
-			c.out.queue(line)
 		}
 		for _, id := range cs.Upgrades {
 			c.out.queue(encodeOK(id, wire.UpgradeResult{Version: s.Agent.Info().Version, PID: os.Getpid()}))
@@ -291,7 +380,7 @@ func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 			})
 			c.await(c.ctx, id, func() *agent.Pending { return p })
 		}
-		c.out.enqueue(nil, false)
+		c.out.thaw()
 		c.lookUpGroups()
 		if len(cs.Input) > 0 {
 			go c.readLoop()
@@ -305,6 +394,10 @@ func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 		}
 	}
 	s.adopted, s.gone, s.resumed = nil, nil, nil
+	// Restored frozen (see agent.Restore), the agent goes on once its
+	// waiting acquires have their callbacks and the connections their
+	// queues.
+	s.Agent.Thaw()
 }
 
 // upgrade starts an upgrade (see Server.Upgrade) and answers nothing now:

@@ -96,7 +96,9 @@ func (o *output) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closing = true
-	if !o.writing && !o.closed {
+	// Frozen for a handover, it closes once thawed, what is queued
+	// written: the socket may be the new process's by then.
+	if !o.writing && !o.closed && !o.frozen {
 		o.closeNow()
 	}
 }
@@ -272,7 +274,7 @@ func (o *output) drain() {
 		o.mu.Lock()
 		if len(o.lines) == 0 || o.closed || o.frozen {
 			o.writing = false
-			if o.closing && !o.closed {
+			if o.closing && !o.closed && !o.frozen {
 				o.closeNow()
 			}
 			o.mu.Unlock()
@@ -352,6 +354,9 @@ func (o *output) thaw() {
 	o.w.nc.SetWriteDeadline(time.Time{})
 	o.mu.Lock()
 	o.frozen = false
+	if o.closing && !o.closed && !o.writing && len(o.lines) == 0 {
+		o.closeNow() // closed while frozen (see close)
+	}
 	o.mu.Unlock()
 	o.put(nil, false)
 }

@@ -78,6 +78,9 @@ type Server struct {
 	// frozeAt is when the last Freeze began; set under mu, read while
 	// frozen.
 	frozeAt time.Time
+	// The connections a handover's new process took before the freeze
+	// (see Prepare), by id.
+	prepared map[uint64]*conn
 
 	// A handover's connections (see Adopt), which Serve goes on with.
 	adopted []adopted
@@ -87,11 +90,19 @@ type Server struct {
 	// mu guards the connections and the listener, which Serve sets, and
 	// the upgrade ops waiting for the upgrade's end.
 	mu        sync.Mutex
+	lastID    uint64 // the last connection's id
 	upgrading map[*conn][]json.RawMessage
 	conns     map[*conn]struct{}
 	perUID    map[uint32]int // open connections by uid
 	ln        *Listener
 	wg        sync.WaitGroup // every connection's goroutines
+
+	// While a handover sends the connections' descriptors (see
+	// Connections), sockets are not closed but kept: a descriptor must
+	// not be reused before it is sent. Nil otherwise. keepMu is taken
+	// with no other lock of the server's held, or an output's alone.
+	keepMu sync.Mutex
+	keep   []*net.UnixConn
 }
 
 func (s *Server) setDefaults() {
@@ -227,7 +238,7 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 			continue
 		}
 		c := newConn(s, nc, idle, peer)
-		s.register(ctx, c)
+		s.register(c)
 		go c.serve()
 	}
 	s.gate.exit()
@@ -247,8 +258,7 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 // register counts c among the server's connections until it ends. Its
 // requests end with it, not with the server's context ctx: at shutdown
 // the agent answers them itself.
-func (s *Server) register(ctx context.Context, c *conn) {
-	c.ctx, c.end = context.WithCancel(context.WithoutCancel(ctx))
+func (s *Server) register(c *conn) {
 	uid := c.peer.UID
 	c.ended = func() {
 		s.mu.Lock()
@@ -260,10 +270,27 @@ func (s *Server) register(ctx context.Context, c *conn) {
 		s.wg.Done()
 	}
 	s.mu.Lock()
+	if c.id == 0 {
+		s.lastID++
+		c.id = s.lastID
+	}
 	s.conns[c] = struct{}{}
 	s.perUID[uid]++
 	s.mu.Unlock()
 	s.wg.Add(1)
+}
+
+// closeSocket closes a connection's socket, unless a handover is sending
+// the descriptors (see Connections).
+func (s *Server) closeSocket(nc *net.UnixConn) {
+	s.keepMu.Lock()
+	if s.keep != nil {
+		s.keep = append(s.keep, nc)
+		s.keepMu.Unlock()
+		return
+	}
+	s.keepMu.Unlock()
+	nc.Close()
 }
 
 // admin tells whether peer is an admin, its groups looked up (a peer's

@@ -31,7 +31,7 @@ func (in *instance) takeOver(ctx context.Context, fd string) error {
 	if err != nil {
 		return err
 	}
-	in.from, in.fromPID = conn, os.Getppid()
+	in.from = conn
 	conn.SetDeadline(time.Now().Add(upgradeStartTimeout))
 	if err := conn.Send(handover.Hello{Version: version, PID: os.Getpid(), Formats: handover.Formats, Settings: settingsOf(in.cfg)}); err != nil {
 		return err
@@ -56,6 +56,23 @@ func (in *instance) takeOver(ctx context.Context, fd string) error {
 	if err := conn.Send(handover.Want{}); err != nil {
 		return err
 	}
+	// The connections, while the old process serves on.
+	var conns handover.Conns
+	if err := conn.Recv(&conns); err != nil {
+		return err
+	}
+	cfiles, err := conn.RecvFDs(len(conns.IDs))
+	if err != nil {
+		return err
+	}
+	in.srv = in.server()
+	if err := in.srv.Prepare(conns.IDs, cfiles); err != nil {
+		conn.Send(handover.Take{Failed: err.Error()})
+		return err
+	}
+	if err := conn.Send(handover.Take{}); err != nil {
+		return err
+	}
 	conn.SetDeadline(time.Now().Add(restoreTimeout))
 	var st handover.State
 	if err := conn.Recv(&st); err != nil {
@@ -65,33 +82,35 @@ func (in *instance) takeOver(ctx context.Context, fd string) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
 	// Until the commit nothing is closed, and nothing served: the socket
 	// and the state are the running agent's, and the process just exits
-	// when the upgrade fails.
-	if err := in.restore(access, st, files); err != nil {
+	// when the upgrade fails. The files are closed as soon as restore has
+	// its own copies: a copy kept would hold a connection open after the
+	// agent ends it, its client never told.
+	err = in.restore(access, st, files)
+	for _, f := range files {
+		f.Close()
+	}
+	if err != nil {
 		conn.Send(handover.Ready{Failed: err.Error()})
 		return err
 	}
 	if err := conn.Send(handover.Ready{}); err != nil {
 		return err
 	}
-	if err := conn.Recv(&handover.Commit{}); err != nil {
+	var commit handover.Commit
+	if err := conn.Recv(&commit); err != nil {
 		// No commit: the old process goes on with the agent, and this one
 		// must not touch it.
 		return fmt.Errorf("no commit from the running agent: %w", err)
 	}
+	in.fromPID = commit.From
 	// Say so before serving: the old process goes on if it does not hear
 	// it, once it has killed this one. If it cannot be told, it has
 	// exited: the agent is this process's.
 	if err := conn.Send(handover.Serving{PID: os.Getpid(), Version: version}); err != nil {
 		in.log.Warn("the process this one took over from is gone", "error", err)
 	}
-	in.a.Thaw()
 	in.upgraded = time.Now()
 	in.srv.Upgraded, in.srv.Upgrading = in.upgraded, st.Waited()
 	in.upgrades = st.Upgrades
@@ -162,7 +181,6 @@ func (in *instance) restore(access agent.Access, st handover.State, files []*os.
 	if in.ln, err = socketapi.AdoptListener(st.Server, files); err != nil {
 		return err
 	}
-	in.srv = in.server()
 	connOf, err := in.srv.Adopt(st.Server, files)
 	if err != nil {
 		return err

@@ -152,6 +152,25 @@ func (u *upgrader) upgrade() (int, error) {
 	if want.Failed != "" {
 		return 0, fmt.Errorf("the new process cannot take the agent over: %s", want.Failed)
 	}
+	// The connections, while the agent serves on: the new process takes
+	// them before the freeze.
+	preparing := time.Now()
+	ids, cfds, sentConns := in.srv.Connections()
+	err = conn.Send(handover.Conns{IDs: ids})
+	if err == nil {
+		err = conn.SendFDs(cfds)
+	}
+	sentConns()
+	if err != nil {
+		return 0, fmt.Errorf("handing the connections over: %w", endedWith(err, exited, cmd))
+	}
+	var take handover.Take
+	if err := conn.Recv(&take); err != nil {
+		return 0, fmt.Errorf("the new process: %w", endedWith(err, exited, cmd))
+	}
+	if take.Failed != "" {
+		return 0, fmt.Errorf("the new process cannot take the connections: %s", take.Failed)
+	}
 
 	// Frozen from here: no request is read or answered, no backend call
 	// made, until the new process serves, or the agent thaws.
@@ -166,16 +185,18 @@ func (u *upgrader) upgrade() (int, error) {
 		return 0, fmt.Errorf("backend calls under way did not end in %s: %w", freezeTimeout, err)
 	}
 	in.srv.FreezeOutput()
+	froze := time.Now()
 	thaw := func() {
 		in.a.Thaw()
 		in.srv.Thaw()
 	}
-	st, fds, err := in.snapshot(hello.Settings)
+	st, fds, err := in.snapshot(hello.Settings, ids)
 	if err != nil {
 		thaw()
 		return 0, err
 	}
 	st.Format, st.Frozen = format, frozen
+	snapshotted := time.Now()
 	limit := restoreTimeout
 	if slack, ok := in.a.Slack(); ok {
 		limit = min(limit, slack/2)
@@ -189,6 +210,7 @@ func (u *upgrader) upgrade() (int, error) {
 		thaw()
 		return 0, fmt.Errorf("handing the state over: %w", endedWith(err, exited, cmd))
 	}
+	sent := time.Now()
 	var ready handover.Ready
 	if err := conn.Recv(&ready); err != nil || ready.Failed != "" {
 		thaw()
@@ -200,10 +222,11 @@ func (u *upgrader) upgrade() (int, error) {
 		}
 		return 0, fmt.Errorf("the new process: %w", endedWith(err, exited, cmd))
 	}
+	restored := time.Now()
 	// The commit. The new process says it serves before it does: until
 	// then the agent is still this process's.
 	var serving handover.Serving
-	err = conn.Send(handover.Commit{})
+	err = conn.Send(handover.Commit{From: os.Getpid()})
 	if err == nil {
 		err = conn.Recv(&serving)
 	}
@@ -225,7 +248,9 @@ func (u *upgrader) upgrade() (int, error) {
 	}
 	handed = true
 	notifyMainPID(serving.PID, log)
-	log.Info("upgraded: handed the agent over", "pid", serving.PID, "version", serving.Version, "took", time.Since(began))
+	log.Info("upgraded: handed the agent over", "pid", serving.PID, "version", serving.Version, "took", time.Since(began),
+		"prepare", began.Sub(preparing), "freeze", froze.Sub(began), "snapshot", snapshotted.Sub(froze), "send", sent.Sub(snapshotted),
+		"restore", restored.Sub(sent), "commit", time.Since(restored), "connections", len(st.Server.Conns))
 	return serving.PID, nil
 }
 
@@ -311,13 +336,13 @@ func notifyMainPID(pid int, log interface{ Warn(string, ...any) }) {
 // snapshot takes the state of the frozen agent, for a new process whose
 // settings are theirs: the agent's, its server's and its embedded
 // backend's, and the descriptors that go with them.
-func (in *instance) snapshot(theirs handover.Settings) (handover.State, []int, error) {
+func (in *instance) snapshot(theirs handover.Settings, sent []uint64) (handover.State, []int, error) {
 	st := handover.State{StateLock: -1, Metrics: -1}
 	var err error
 	if st.Agent, err = in.a.Snapshot(); err != nil {
 		return st, nil, err
 	}
-	sst, fds, err := in.srv.Snapshot()
+	sst, fds, err := in.srv.Snapshot(sent)
 	if err != nil {
 		return st, nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/testkit/etcdtest"
 	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
@@ -231,4 +232,75 @@ func receiveWithin[T any](t *testing.T, ch <-chan T, timeout time.Duration, what
 		var zero T
 		return zero
 	}
+}
+
+// TestStopRightAfterAnUpgrade: SIGTERM to the new process as soon as it
+// answers the upgrade, while it is still taking up its 1,000 connections
+// and before its agent runs: it stops cleanly, in bounded time, telling
+// every client.
+func TestStopRightAfterAnUpgrade(t *testing.T) {
+	env := newAgentEnv(t)
+	u := startUpgradable(t, env, lockagentBin)
+	ld := startLoad(t, env.socket, upgradeConns)
+	c := dialAgent(t, env.socket, "upgrader")
+	ctx, cancel := context.WithTimeout(context.Background(), exitTimeout)
+	defer cancel()
+	up, err := c.Upgrade(ctx)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(up.PID, syscall.SIGTERM))
+	eventually(t, exitTimeout, "the new process exits", func() bool { return !alive(up.PID) })
+	for _, cl := range ld.clients {
+		waitDone(t, cl, exitTimeout)
+	}
+	out := u.output(t)
+	require.NotContains(t, out, "panic")
+	require.Contains(t, out, "stopped")
+}
+
+// TestUpgradedConnectionsEnd: a connection the new process ends is over
+// for its client too. The new process once kept, until it exited, a copy
+// of every descriptor it was handed: a client the agent dropped (here at
+// its heartbeat) was never told, while its lock went to another.
+func TestUpgradedConnectionsEnd(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	env := newAgentEnv(t)
+	startUpgradable(t, env, lockagentBin)
+	ctx, cancel := context.WithTimeout(context.Background(), exitTimeout)
+	defer cancel()
+	silent, err := client.Dial(ctx, env.socket)
+	require.NoError(t, err)
+	t.Cleanup(func() { silent.Close() })
+	_, err = silent.Hello(ctx, client.HelloOptions{Client: "silent", Heartbeat: heartbeat})
+	require.NoError(t, err)
+	_, err = silent.Acquire(ctx, "upgrade/silent", client.AcquireOptions{})
+	require.NoError(t, err)
+
+	// It pings until the upgrade is over, then falls silent.
+	pinging := make(chan struct{})
+	go func() {
+		defer close(pinging)
+		for ctx.Err() == nil {
+			if silent.Ping(ctx) != nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(heartbeat / 5):
+			}
+		}
+	}()
+	c := dialAgent(t, env.socket, "upgrader")
+	up, err := c.Upgrade(ctx)
+	require.NoError(t, err)
+	cancel()
+	<-pinging
+	silentSince := time.Now()
+
+	waitDone(t, silent, exitTimeout)
+	t.Logf("the silent client's connection ended %v after its last ping, in the process that took over (pid %d)",
+		time.Since(silentSince).Round(time.Millisecond), up.PID)
+	other := dialAgent(t, env.socket, "other")
+	var g lease
+	call(t, other, "acquire", map[string]any{"name": "upgrade/silent"}, &g)
+	require.True(t, g.Acquired, "the dropped connection's lock is free")
 }

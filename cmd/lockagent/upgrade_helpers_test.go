@@ -252,6 +252,16 @@ func handoverThenWait(stage, mark string, args []string) error {
 	if err := conn.Send(handover.Want{}); err != nil {
 		return err
 	}
+	var conns handover.Conns
+	if err := conn.Recv(&conns); err != nil {
+		return err
+	}
+	if _, err := conn.RecvFDs(len(conns.IDs)); err != nil {
+		return err
+	}
+	if err := conn.Send(handover.Take{}); err != nil {
+		return err
+	}
 	var st handover.State
 	if err := conn.Recv(&st); err != nil {
 		return err

@@ -10,8 +10,12 @@
 //	new → old  Hello: its version, the state formats it reads, its settings;
 //	           or why it cannot start
 //	old → new  Accept: the format it will write; or Refuse, and the old goes on
-//	new → old  Want: it has opened its backend, and takes the state now; or
-//	           why it cannot
+//	new → old  Want: it has opened its backend, and takes the connections
+//	           now; or why it cannot
+//	old → new  Conns: the connections' ids, and their descriptors (the old
+//	           one serves on)
+//	new → old  Take: it has made its connections of them, and takes the
+//	           state now; or why it cannot
 //	old → new  State, and the descriptors it names (the old one is frozen)
 //	new → old  Ready: it has restored everything; or Failed
 //	old → new  Commit
@@ -23,8 +27,9 @@
 package handover
 
 import (
+	"bytes"
 	"encoding/binary"
-	"encoding/json"
+	"encoding/gob"
 	"errors"
 	"fmt"
 	"io"
@@ -99,9 +104,22 @@ type Accept struct {
 	Refuse string `json:"refuse,omitempty"`
 }
 
-// Want says the new process takes the state now; or, with Failed, why it
-// cannot (its backend cannot be reached, say).
+// Want says the new process takes the connections now; or, with Failed,
+// why it cannot (its backend cannot be reached, say).
 type Want struct {
+	Failed string `json:"failed,omitempty"`
+}
+
+// Conns are the ids of the connections whose descriptors follow, taken
+// while the old process serves: the work of taking them is done before
+// the freeze (see socketapi.Server.Connections).
+type Conns struct {
+	IDs []uint64 `json:"ids"`
+}
+
+// Take says the new process has taken the connections, and takes the
+// state now; or, with Failed, why it cannot.
+type Take struct {
 	Failed string `json:"failed,omitempty"`
 }
 
@@ -134,8 +152,10 @@ type Ready struct {
 	Failed string `json:"failed,omitempty"`
 }
 
-// Commit hands the agent over.
-type Commit struct{}
+// Commit hands the agent over, from the process From.
+type Commit struct {
+	From int `json:"from"`
+}
 
 // Serving is the new process's last message.
 type Serving struct {
@@ -216,15 +236,21 @@ func (c *Conn) SetDeadline(t time.Time) error { return c.uc.SetDeadline(t) }
 // allow is far below it.
 const maxMessage = 1 << 30
 
-// Send sends a message: its length, then its JSON.
+// Send sends a message: its length, then its gob. Gob, not JSON: the
+// state of 10,000 sessions takes a fifth of the time to encode and decode,
+// while the agent is frozen, and is half the size; and a decoder matches
+// fields by name, so that neighbouring releases read each other's
+// messages. Each message is a gob stream of its own, and its length comes
+// first, so that no decoder reads ahead into the descriptors that follow.
 func (c *Conn) Send(m any) error {
-	b, err := json.Marshal(m)
-	if err != nil {
+	var buf bytes.Buffer
+	buf.Write(make([]byte, 4))
+	if err := gob.NewEncoder(&buf).Encode(m); err != nil {
 		return fmt.Errorf("handover: %w", err)
 	}
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	if _, err := c.uc.Write(append(n[:], b...)); err != nil {
+	b := buf.Bytes()
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	if _, err := c.uc.Write(b); err != nil {
 		return fmt.Errorf("handover: send: %w", err)
 	}
 	return nil
@@ -244,7 +270,7 @@ func (c *Conn) Recv(m any) error {
 	if _, err := io.ReadFull(c.uc, b); err != nil {
 		return fmt.Errorf("handover: receive: %w", err)
 	}
-	if err := json.Unmarshal(b, m); err != nil {
+	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(m); err != nil {
 		return fmt.Errorf("handover: receive: %w", err)
 	}
 	return nil
