@@ -144,7 +144,7 @@ type Config struct {
 	// Upgrades adds agents upgraded (handed over to a new process of the
 	// binary, docs/upgrades.md) to the schedule's kinds; it needs Faults.
 	// The seeds of runs without it keep their schedules. UpgradesOnly
-	// makes it the schedule's only kind.
+	// makes the schedule upgrades and the faults of clients (upgradeKinds).
 	Upgrades, UpgradesOnly bool
 	// Etcd runs the agents on a three-member etcd instead of Redis: the
 	// schedule's faults of redis-server become faults of the members (a

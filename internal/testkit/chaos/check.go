@@ -386,7 +386,7 @@ func (r *run) saveArtifacts(rep *Report) string {
 		}
 	}
 	write("seed", fmt.Sprintf("%d\n", rep.Seed))
-	write("README", fmt.Sprintf("%s\n%s\n\nReplay the fault schedule with:\n  go test -race ./internal/chaos -run '%s$' -chaos.seed=%d -chaos.duration=%v\n",
+	write("README", fmt.Sprintf("%s\n%s\n\nReplay the fault schedule with:\n  go test -race ./internal/testkit/chaos -run '%s$' -chaos.seed=%d -chaos.duration=%v\n",
 		rep.Summary(), rep.Details(), r.t.Name(), rep.Seed, r.cfg.Duration))
 	var b strings.Builder
 	for _, v := range rep.Violations {

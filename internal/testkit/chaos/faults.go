@@ -37,6 +37,11 @@ const (
 var mixKinds = []faultKind{blackholeShort, blackholeLong, resetLinks, slowLink, stopShort, stopLong, killAgent,
 	pauseRedisShort, pauseRedisLong, restartRedis, killClient, pauseClient}
 
+// upgradeKinds are the kinds of a run of upgrades: mostly upgrades, and
+// the faults of clients, whose connections the process that took over
+// must end as the old one would.
+var upgradeKinds = []faultKind{upgradeAgent, upgradeAgent, upgradeAgent, killClient, pauseClient}
+
 // etcdKinds are the kinds of a run on etcd: D1's, with faults of the
 // members in place of Redis's.
 var etcdKinds = []faultKind{blackholeShort, blackholeLong, resetLinks, slowLink, stopShort, stopLong, killAgent,
@@ -84,7 +89,7 @@ func (r *run) injectFaults(until time.Time, workers, candidates []*worker) {
 				deck = []faultKind{starveAgent}
 			}
 			if r.cfg.UpgradesOnly {
-				deck = []faultKind{upgradeAgent}
+				deck = slices.Clone(upgradeKinds)
 			}
 			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
