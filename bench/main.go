@@ -4,7 +4,9 @@
 // redis-server, and prints a table with the ratios that
 // docs/performance.md sets targets for. Its etcd section measures the
 // etcd backend on three etcd members against etcd's own
-// concurrency.Mutex, and the renewal load of leases held on etcd.
+// concurrency.Mutex, and the renewal load of leases held on etcd. Its
+// upgrade section upgrades an agent holding 10,000 sessions (ctl upgrade's
+// op) and measures how long it takes and the longest any request waits.
 //
 // It is a module of its own so that the peers never enter the agent's
 // go.mod. From the repository's root:
@@ -48,10 +50,11 @@ func main() {
 		sessions = flag.Int("sessions", 10000, "sessions, one lease each, whose agent memory is measured")
 		settle   = flag.Duration("settle", 2*time.Minute, "how long the sessions hold their leases before the agent's memory is measured for the target (also at 30s when longer)")
 		etcdHeld = flag.String("etcd-held", "100000", "numbers of held leases whose renewal load is measured on etcd")
-		only     = flag.String("only", "", "comma-separated sections to run: pairs, renewals, handover, rss, etcd (default all)")
+		upgrades = flag.Int("upgrades", 5, "upgrades of an agent holding -sessions sessions, on each backend")
+		only     = flag.String("only", "", "comma-separated sections to run: pairs, renewals, handover, rss, upgrade, etcd (default all)")
 	)
 	flag.Parse()
-	b := &bench{bin: *agentBin, n1: *n1, n64: *n64, rounds: *rounds, window: *window, handoverRounds: *handover, sessions: *sessions, settle: *settle}
+	b := &bench{bin: *agentBin, n1: *n1, n64: *n64, rounds: *rounds, window: *window, handoverRounds: *handover, sessions: *sessions, settle: *settle, upgradeRounds: *upgrades}
 	for _, l := range []struct {
 		flag string
 		dst  *[]int
@@ -66,7 +69,7 @@ func main() {
 			}
 		}
 	}
-	sections := map[string]bool{"pairs": true, "renewals": true, "handover": true, "rss": true, "etcd": true}
+	sections := map[string]bool{"pairs": true, "renewals": true, "handover": true, "rss": true, "upgrade": true, "etcd": true}
 	if *only != "" {
 		clear(sections)
 		for s := range strings.SplitSeq(*only, ",") {
@@ -88,6 +91,7 @@ type bench struct {
 	held, etcdHeld  []int
 	window          time.Duration
 	handoverRounds  int
+	upgradeRounds   int
 	sessions        int
 	settle          time.Duration
 
@@ -124,7 +128,7 @@ func (b *bench) run(root string, sections map[string]bool) (err error) {
 	for _, s := range []struct {
 		name string
 		run  func(*table) error
-	}{{"pairs", b.pairs}, {"renewals", b.renewals}, {"handover", b.handover}, {"rss", b.rss}, {"etcd", b.etcd}} {
+	}{{"pairs", b.pairs}, {"renewals", b.renewals}, {"handover", b.handover}, {"rss", b.rss}, {"upgrade", b.upgrades}, {"etcd", b.etcd}} {
 		if !sections[s.name] {
 			continue
 		}
@@ -378,7 +382,7 @@ func cpuModel() string {
 // table is what the run prints.
 type table struct {
 	latency, commands, renewal [][]string
-	handover, rss              [][]string
+	handover, rss, upgrades    [][]string
 	etcdPairs, etcdRenewal     [][]string
 	rssHeader                  []string
 	targets                    [][]string
@@ -409,6 +413,7 @@ func (t *table) print() {
 	section("Renewal load, 15 s TTL, redis backend", []string{"held leases", "agent CPU %", "redis CPU %", "redis commands/s"}, t.renewal)
 	section("Dead holder → waiter holding the lock", []string{"case", "rounds", "p50 ms", "p99/max ms"}, t.handover)
 	section("Agent memory, one lease per session", t.rssHeader, t.rss)
+	section("Upgrades of an agent holding one lease per session, while 8 connections make acquire+release pairs", []string{"backend", "sessions", "upgrades", "upgrade p50 ms", "upgrade max ms", "clients waited p50 ms", "max ms", "longest request ms", "requests"}, t.upgrades)
 	section("Acquire+release pairs on a three-member etcd", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s", "agent CPU µs/op", "etcd CPU µs/op (3 members)"}, t.etcdPairs)
 	section("Renewal load, 15 s TTL, etcd backend (3 members)", []string{"held leases", "agent CPU %", "etcd CPU % (3 members)"}, t.etcdRenewal)
 }

@@ -120,6 +120,7 @@ type agentProc struct {
 	socket string
 	cmd    *exec.Cmd
 	log    string
+	pid    int // the process an upgrade handed the agent over to; 0: none
 }
 
 // startAgent runs bin with a config of the given backend block ("" for the
@@ -177,6 +178,9 @@ limits {
 }
 
 func (a *agentProc) stop() {
+	if a.pid != 0 {
+		stopUpgraded(a.pid)
+	}
 	a.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { a.cmd.Wait(); close(done) }()
