@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend/etcd"
 	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/internal/descriptor"
 	"github.com/lockagent/lockagent/internal/handover"
@@ -153,6 +154,11 @@ func (in *instance) restore(access agent.Access, st handover.State, files []*os.
 	}
 	if in.b == nil {
 		return errors.New("the state has no embedded backend, and the configuration names it")
+	}
+	if eb, ok := in.b.(*etcd.Backend); ok && st.Etcd != nil {
+		if err := eb.Restore(*st.Etcd, elapsed); err != nil {
+			return err
+		}
 	}
 	if st.StateLock >= 0 {
 		f, err := descriptor.Dup(files[st.StateLock])

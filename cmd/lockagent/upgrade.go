@@ -14,6 +14,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 
+	"github.com/lockagent/lockagent/backend/etcd"
 	"github.com/lockagent/lockagent/config"
 	"github.com/lockagent/lockagent/internal/descriptor"
 	"github.com/lockagent/lockagent/internal/handover"
@@ -353,6 +354,10 @@ func (in *instance) snapshot(theirs handover.Settings, sent []uint64) (handover.
 			return st, nil, err
 		}
 		st.Memory = &mst
+	}
+	if eb, ok := in.b.(*etcd.Backend); ok {
+		est := eb.Snapshot(time.Now())
+		st.Etcd = &est
 	}
 	if in.stateLock != nil {
 		st.StateLock = len(fds)

@@ -42,6 +42,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/backend/etcd"
 	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/socketapi"
 )
@@ -131,6 +132,7 @@ type State struct {
 	Agent  agent.State     `json:"agent"`
 	Server socketapi.State `json:"server"`
 	Memory *memory.State   `json:"memory,omitempty"` // the embedded backend's
+	Etcd   *etcd.State     `json:"etcd,omitempty"`   // the etcd backend's
 	// StateLock is the descriptor of the state directory's lock file, -1
 	// without one; Metrics, the metrics' listener, -1 without one.
 	StateLock int `json:"state_lock"`
