@@ -56,7 +56,8 @@ from ._errors import (AgentConnectionError, AgentTimeout, AlreadyHeld, BackendUn
                       BadRequest, CampaignEnded, Canceled, ForeignKey, InternalError,
                       InvalidArgument, InvalidName, LeaseLost, LimitExceeded, LineTooLong,
                       LockagentError, NotAcquired, NotHeld, PermissionDenied, ProtocolError,
-                      SessionExpired, ShuttingDown, TokensExhausted, UnknownOp)
+                      SessionExpired, ShuttingDown, TokensExhausted, UnknownOp,
+                      UpgradeFailed)
 from ._leases import (BACKEND_UNAVAILABLE, BROKEN, CONNECTION_LOST, EXPIRED, RESIGNED,
                       SESSION_EXPIRED, SHUTDOWN, TAKEN_OVER, AsyncCampaign, AsyncLease, Campaign,
                       CheckResult, Holder, Lease, LockInfo)
@@ -106,6 +107,7 @@ __all__ = [
     "TAKEN_OVER",
     "TokensExhausted",
     "UnknownOp",
+    "UpgradeFailed",
     "default_socket_path",
     "socket_path",
 ]

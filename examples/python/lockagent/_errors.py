@@ -144,6 +144,10 @@ class ShuttingDown(ProtocolError):
     """``shutting_down``: the agent is stopping."""
 
 
+class UpgradeFailed(ProtocolError):
+    """``upgrade_failed``: the agent's upgrade failed; it serves on as it was."""
+
+
 class InternalError(ProtocolError):
     """``internal``: an unexpected error in the agent."""
 
@@ -165,5 +169,6 @@ ERRORS: dict[str, type[ProtocolError]] = {
     "foreign_key": ForeignKey,
     "tokens_exhausted": TokensExhausted,
     "shutting_down": ShuttingDown,
+    "upgrade_failed": UpgradeFailed,
     "internal": InternalError,
 }
