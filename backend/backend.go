@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -111,6 +112,13 @@ type AcquireRequest struct {
 	// so that what its caller does next (releasing a grant it may have
 	// made) comes after.
 	Deadline time.Time
+	// Releases are leases of this agent on the name to release first, as
+	// Release would, in the same round trip where the backend can: the
+	// releases the agent answered and has not sent yet. One that does not
+	// hold the name (it was released already) is passed over. When Acquire
+	// fails with ErrUnavailable, a cancellation or ErrClosed, they may not
+	// have been released; otherwise they were.
+	Releases []LeaseKey
 }
 
 // Validate checks what every backend requires of an acquire: a name and
@@ -130,6 +138,8 @@ func (r AcquireRequest) Validate() error {
 		why = fmt.Sprintf("ttl %v is not positive", r.TTL)
 	case r.Limit < 0:
 		why = fmt.Sprintf("limit %d", r.Limit)
+	case slices.ContainsFunc(r.Releases, func(l LeaseKey) bool { return l.Name != r.Name || l.LeaseID == r.LeaseID }):
+		why = "a release of another name, or of the lease it asks for"
 	default:
 		return nil
 	}
@@ -223,6 +233,15 @@ type Backend interface {
 	// Close releases the backend's resources. Operations after Close return
 	// ErrClosed.
 	Close() error
+}
+
+// Local is a Backend that may say its calls are function calls in the
+// agent's own process (the embedded backend): the agent then releases a
+// lease before it answers, rather than owe the release to the next
+// attempt of the name, which saves a backend that crosses a network a
+// round trip but costs the agent a timer.
+type Local interface {
+	Local() bool
 }
 
 // Parted is a Backend whose names live on independent servers (Redis

@@ -56,6 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend) {
 		{"InvalidRequest", testInvalidRequest},
 		{"TokensIncrease", testTokensIncrease},
 		{"ReleaseNotHeld", testReleaseNotHeld},
+		{"ReleasesFirst", testReleasesFirst},
 		{"RenewBatch", testRenewBatch},
 		{"ExpiryFreesName", testExpiryFreesName},
 		{"RenewKeepsAlive", testRenewKeepsAlive},
@@ -356,6 +357,8 @@ func testInvalidRequest(t *testing.T, b backend.Backend) {
 		"a mode of neither kind": request("bad/n", "a", backend.Mode(7)),
 		"no ttl":                 {Name: "bad/n", LeaseID: "a", Mode: backend.Exclusive},
 		"a negative limit":       limited,
+		"a release of another name": {Name: "bad/n", LeaseID: "a", Mode: backend.Exclusive, TTL: ttl,
+			Releases: []backend.LeaseKey{{Name: "bad/m", LeaseID: "b", Mode: backend.Exclusive}}},
 	} {
 		_, err := b.Acquire(t.Context(), req)
 		require.ErrorIs(t, err, backend.ErrInvalidRequest, what)
@@ -363,6 +366,39 @@ func testInvalidRequest(t *testing.T, b backend.Backend) {
 	info := mustInspect(t, b, "bad/n")
 	require.Empty(t, info.Holders)
 	require.Zero(t, info.LastToken)
+}
+
+// testReleasesFirst: an acquire's Releases are released before it, in
+// whatever mode; one that holds nothing (released already) is passed
+// over; waiters woken by them are woken.
+func testReleasesFirst(t *testing.T, b backend.Backend) {
+	x1 := request("rf/x", "x1", backend.Exclusive)
+	mustAcquire(t, b, x1)
+	x2 := request("rf/x", "x2", backend.Exclusive)
+	x2.Releases = []backend.LeaseKey{lease(x1)}
+	t2 := mustAcquire(t, b, x2)
+	requireHolders(t, b, "rf/x", map[string]uint64{"x2": t2})
+
+	// Passed over: x1 holds nothing now; and shared holders let go for an
+	// exclusive one.
+	x3 := request("rf/x", "x3", backend.Exclusive)
+	x3.Releases = []backend.LeaseKey{lease(x1), lease(x2)}
+	t3 := mustAcquire(t, b, x3)
+	require.Greater(t, t3, t2)
+	requireHolders(t, b, "rf/x", map[string]uint64{"x3": t3})
+
+	s1, s2 := request("rf/s", "s1", backend.Shared), request("rf/s", "s2", backend.Shared)
+	mustAcquire(t, b, s1)
+	mustAcquire(t, b, s2)
+	x := request("rf/s", "x", backend.Exclusive)
+	mustDeny(t, b, x)
+	x.Releases = []backend.LeaseKey{lease(s1), lease(s2)}
+	tx := mustAcquire(t, b, x)
+	requireHolders(t, b, "rf/s", map[string]uint64{"x": tx})
+
+	// A release sent again later holds nothing.
+	require.ErrorIs(t, b.Release(t.Context(), lease(s1)), backend.ErrNotHeld)
+	requireHolders(t, b, "rf/s", map[string]uint64{"x": tx})
 }
 
 func testLeaseIDInOtherMode(t *testing.T, b backend.Backend) {

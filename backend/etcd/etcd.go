@@ -235,6 +235,13 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	defer cancel()
 	b.flushPending(ctx)
 	k := b.keys(req.Name)
+	// The releases first, each a transaction of its own: a grant's
+	// transaction checks the directory it decided on, which they change.
+	for _, l := range req.Releases {
+		if err := b.release(ctx, l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
+			return backend.Grant{}, err
+		}
+	}
 
 	// A waiter's attempt keeps its ticket alive, if it has one, while the
 	// name's state is read.

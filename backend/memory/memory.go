@@ -164,6 +164,12 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 	defer b.mu.Unlock()
 	now := time.Now()
+	for _, l := range req.Releases {
+		if e, h := b.holder(l, now); h != nil {
+			delete(e.holders, l.LeaseID)
+			b.notify(l.Name, e)
+		}
+	}
 	e := b.names[req.Name]
 	if e != nil {
 		b.prune(req.Name, e, now)
@@ -228,6 +234,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []backend.RenewRequest) []erro
 	}
 	return errs
 }
+
+// Local is true: the agent's calls are function calls (see backend.Local).
+func (b *Backend) Local() bool { return true }
 
 // Release ends the lease l and notifies the watchers of its name.
 func (b *Backend) Release(ctx context.Context, l backend.LeaseKey) error {

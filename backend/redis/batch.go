@@ -98,12 +98,20 @@ type call struct {
 	args   []any
 	cmd    *goredis.Cmd
 	done   chan struct{} // closed when cmd holds the result
+	// pre are releases that run just before it, in the same script call
+	// where they can (see execOne): those of an acquire's name that the
+	// agent answered and had not sent.
+	pre []*call
 }
 
 // run runs script with keys and args and returns its command, whose Err
 // and value are the result.
 func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
-	c := &call{ctx: ctx, script: script, keys: keys, args: args}
+	return b.runCall(ctx, &call{ctx: ctx, script: script, keys: keys, args: args})
+}
+
+// runCall runs c, and its pre before it, and returns its command.
+func (b *batcher) runCall(ctx context.Context, c *call) *goredis.Cmd {
 	b.mu.Lock()
 	if b.inFlight < maxInFlight {
 		b.inFlight++
@@ -134,9 +142,12 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 		if taken {
 			<-c.done
 		}
-		cmd := goredis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
-		return cmd
+		// Its pre share its outcome: unknown.
+		for _, x := range withPre(c) {
+			x.cmd = goredis.NewCmd(ctx)
+			x.cmd.SetErr(ctx.Err())
+		}
+		return c.cmd
 	}
 }
 
@@ -174,9 +185,12 @@ func (b *batcher) drain() {
 		live := make([]*call, 0, len(batch))
 		for _, c := range batch {
 			if over(c.ctx) {
-				c.cmd = goredis.NewCmd(c.ctx)
-				c.cmd.SetErr(context.DeadlineExceeded)
-				if err := c.ctx.Err(); err != nil {
+				err := c.ctx.Err()
+				if err == nil {
+					err = context.DeadlineExceeded
+				}
+				for _, c := range withPre(c) {
+					c.cmd = goredis.NewCmd(c.ctx)
 					c.cmd.SetErr(err)
 				}
 				close(c.done)
@@ -234,7 +248,7 @@ const releaseWait = 5 * time.Second
 // alone goes as a plain command, on a connection of the client's pool
 // (go-redis may open a connection of its own for a pipeline).
 func (b *batcher) exec(ctx context.Context, batch []*call) {
-	if len(batch) == 1 {
+	if len(batch) == 1 && len(batch[0].pre) == 0 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, b.c, c.keys, c.args...)
 		return
@@ -243,6 +257,13 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		b.execOne(ctx, batch)
 		return
 	}
+	// On Cluster, a pipeline to the primary of the batch's slots, in
+	// order: a call's pre first.
+	var all []*call
+	for _, c := range batch {
+		all = append(all, withPre(c)...)
+	}
+	batch = all
 	p := b.c.Pipeline()
 	for _, c := range batch {
 		c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
@@ -274,19 +295,28 @@ const batchPerCall = 64
 // for up to batchPerCall requests instead of one per request. Releases go
 // first, apart from acquires (see mayWrite): calls gathered together were
 // made concurrently, and have no order to keep.
+//
+// An acquire's pre go just before it in its call of the acquires: one
+// round trip and one script call for both, in order. That call is refused
+// when Redis is out of memory, and so are they then: the acquire fails,
+// and the agent sends them again on their own.
 func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	var chunks [][]*call
 	var kinds []batchScript
 	for _, kind := range []batchScript{batchRelease, batchAcquire} {
-		var of []*call
+		var chunk []*call
 		for _, c := range batch {
-			if (c.script == acquireScript) == (kind == batchAcquire) {
-				of = append(of, c)
+			if (c.script == acquireScript) != (kind == batchAcquire) {
+				continue
 			}
+			if len(chunk) >= batchPerCall {
+				chunks, kinds = append(chunks, chunk), append(kinds, kind)
+				chunk = nil
+			}
+			chunk = append(chunk, withPre(c)...)
 		}
-		for start := 0; start < len(of); start += batchPerCall {
-			chunks = append(chunks, of[start:min(start+batchPerCall, len(of))])
-			kinds = append(kinds, kind)
+		if len(chunk) > 0 {
+			chunks, kinds = append(chunks, chunk), append(kinds, kind)
 		}
 	}
 	cmdArgs := make([][]any, len(chunks))
@@ -326,6 +356,14 @@ func (b *batcher) execOne(ctx context.Context, batch []*call) {
 	for k, cmd := range send(retry) {
 		setBatchResults(ctx, chunks[again[k]], cmd)
 	}
+}
+
+// withPre returns c's pre, then c.
+func withPre(c *call) []*call {
+	if len(c.pre) == 0 {
+		return []*call{c}
+	}
+	return append(slices.Clip(c.pre), c)
 }
 
 // batchCommand is the EVALSHA of script for batch, as the one slice

@@ -83,6 +83,29 @@ func TestAbandonedCallIsNotSent(t *testing.T) {
 	assert.Equal(t, "y", v)
 }
 
+// TestAbandonedCallWithPre: an abandoned call's pre get its outcome too,
+// never sent. They had none, and the acquire that read theirs crashed
+// the agent (a chaos run found it).
+func TestAbandonedCallWithPre(t *testing.T) {
+	b, c := newBatcher(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	fillInFlight(b)
+	main := &call{ctx: ctx, script: setScript, keys: []string{"main"}, args: []any{"x"},
+		pre: []*call{{ctx: ctx, script: setScript, keys: []string{"pre"}, args: []any{"x"}}}}
+	done := make(chan *goredis.Cmd, 1)
+	go func() { done <- b.runCall(ctx, main) }()
+	waitGathered(t, b, 1)
+	cancel()
+	require.ErrorIs(t, (<-done).Err(), context.Canceled)
+	require.NotNil(t, main.pre[0].cmd)
+	require.ErrorIs(t, main.pre[0].cmd.Err(), context.Canceled)
+
+	b.drain()
+	n, err := c.Exists(context.Background(), "main", "pre").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the abandoned calls were sent")
+}
+
 // TestHashSlot: the slot of a tag is the one Redis Cluster computes.
 func TestHashSlot(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)

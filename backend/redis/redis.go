@@ -181,6 +181,9 @@ func (b *Backend) keys(name string) keys {
 	}
 }
 
+// release is the release script's keys.
+func (k keys) release() []string { return []string{k.x, k.r, k.t, k.c, k.q, k.qe} }
+
 // holderKey is X of a name, without building the other keys (R and T are
 // X with ":r" and ":t").
 func (b *Backend) holderKey(name string) string {
@@ -222,9 +225,26 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	var err, waitErr error
 	replicas := int64(-1) // not asked
 	if b.waitReplicas > 0 {
+		// The releases go first on their own: the grant waits for the
+		// replicas apart from the others.
+		for _, l := range req.Releases {
+			if err := b.Release(ctx, l); err != nil && !errors.Is(err, backend.ErrNotHeld) {
+				return backend.Grant{}, err
+			}
+		}
 		res, replicas, waitErr, err = b.acquireReplicated(ctx, keys, args)
 	} else {
-		res, err = b.batcher(ctx, k.x).run(ctx, acquireScript, keys, args...).Slice()
+		c := &call{ctx: ctx, script: acquireScript, keys: keys, args: args}
+		for _, l := range req.Releases {
+			kr := b.keys(l.Name)
+			c.pre = append(c.pre, &call{ctx: ctx, script: releaseScript, keys: kr.release(), args: []any{l.LeaseID, modeArg(l.Mode)}})
+		}
+		res, err = b.batcher(ctx, k.x).runCall(ctx, c).Slice()
+		for _, p := range c.pre {
+			if perr := p.cmd.Err(); perr != nil && err == nil {
+				err = fmt.Errorf("a release sent with it: %w", perr)
+			}
+		}
 	}
 	if err == nil && len(res) < 2 {
 		err = fmt.Errorf("acquire: a reply of %d values", len(res))
@@ -321,7 +341,7 @@ func (b *Backend) fail(op, name string, err error) error {
 // batchContext); a timer of its own would cost more than the release.
 func (b *Backend) Release(ctx context.Context, l backend.LeaseKey) error {
 	k := b.keys(l.Name)
-	v, err := b.batcher(ctx, k.x).run(ctx, releaseScript, []string{k.x, k.r, k.t, k.c, k.q, k.qe}, l.LeaseID, modeArg(l.Mode)).Int64()
+	v, err := b.batcher(ctx, k.x).run(ctx, releaseScript, k.release(), l.LeaseID, modeArg(l.Mode)).Int64()
 	if err != nil {
 		return b.fail("release", l.Name, err)
 	}
