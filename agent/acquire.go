@@ -577,6 +577,10 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		id: id, name: req.Name, mode: req.Mode, scope: req.Scope,
 		ttl: req.TTL, meta: req.Meta, session: s, camp: w.camp, index: -1,
 	}
+	// The releases of the name this agent owes go first (see owe).
+	a.mu.Lock()
+	releases, took := a.takeOwed(req.Name)
+	a.mu.Unlock()
 	sent := time.Now()
 	// Until the grant's answer says better: a grant whose answer is lost
 	// is released, with retries, until then (see retryRelease).
@@ -588,7 +592,13 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 	g, err := a.b.Acquire(ctx, backend.AcquireRequest{
 		Name: req.Name, LeaseID: l.id, Mode: req.Mode, Limit: req.Limit,
 		TTL: req.TTL, Meta: req.Meta, Host: a.cfg.Host, Ticket: w.ticket, Deadline: deadline,
+		Releases: releases,
 	})
+	if len(took) > 0 {
+		a.mu.Lock()
+		a.settleTaken(took, err)
+		a.mu.Unlock()
+	}
 	if !errors.Is(err, backend.ErrUnavailable) || !cutShort(sent, until, req.Wait) {
 		a.called("acquire", err)
 	}

@@ -112,6 +112,9 @@ type Agent struct {
 	cfg Config
 	b   backend.Backend
 	log hclog.Logger
+	// local: the backend's calls are function calls (see backend.Local),
+	// and releases are not owed.
+	local bool
 
 	// mu guards everything below, and every session's and lease's mutable
 	// fields. It is never held across a backend call or a blocking send.
@@ -120,16 +123,21 @@ type Agent struct {
 	// the project does for its own mutexes.
 	mu       sync.Mutex
 	sessions map[string]*Session
-	leases   map[string]*lease       // by lease id
-	queues   map[string]*queue       // by name; present while it has waiters
-	gone     map[string]*goneRelease // by name; see willRelease
-	telling  map[string]*telling     // by name; see told
-	waiters  int                     // waiting acquires across every queue
-	sched    schedule
-	closing  bool      // Run is shutting down: no new sessions or grants
-	atRisk   int       // leases whose last renewal had an unknown outcome
-	degraded bool      // atRisk > 0, as last told to the sessions
-	nextWake time.Time // when the scheduler wakes next unless kicked
+	leases   map[string]*lease         // by lease id
+	queues   map[string]*queue         // by name; present while it has waiters
+	gone     map[string]*goneRelease   // by name; see willRelease
+	owed     map[string][]*owedRelease // by name; see owe
+	// flushTimer sends the owed releases no attempt took (flushOwed);
+	// flushArmed while it runs.
+	flushTimer *time.Timer
+	flushArmed bool
+	telling    map[string]*telling // by name; see told
+	waiters    int                 // waiting acquires across every queue
+	sched      schedule
+	closing    bool      // Run is shutting down: no new sessions or grants
+	atRisk     int       // leases whose last renewal had an unknown outcome
+	degraded   bool      // atRisk > 0, as last told to the sessions
+	nextWake   time.Time // when the scheduler wakes next unless kicked
 	// wakeBy is nextWake as time since started, for LoseOverdue's look
 	// without the lock.
 	wakeBy  atomic.Int64
@@ -175,6 +183,7 @@ func New(cfg Config) *Agent {
 		leases:   make(map[string]*lease),
 		queues:   make(map[string]*queue),
 		gone:     make(map[string]*goneRelease),
+		owed:     make(map[string][]*owedRelease),
 		telling:  make(map[string]*telling),
 		perUID:   make(map[uint32]int),
 		sessUID:  make(map[uint32]int),
@@ -183,8 +192,13 @@ func New(cfg Config) *Agent {
 		started:  time.Now(),
 	}
 	a.since = a.started
+	if l, ok := a.b.(backend.Local); ok {
+		a.local = l.Local()
+	}
 	a.sched.origin = a.started
 	a.stepped = sync.NewCond(&a.mu)
+	a.flushTimer = time.AfterFunc(time.Hour, a.flushOwed)
+	a.flushTimer.Stop()
 	a.stopping, a.stop = context.WithCancel(context.Background())
 	a.SetAccess(cfg.Access)
 	return a
@@ -222,6 +236,9 @@ func (a *Agent) shutdown() {
 	a.mu.Lock()
 	a.closing = true
 	a.stop()
+	a.flushTimer.Stop()
+	a.flushArmed = false
+	a.sendOwed()
 	var ended []*lease
 	for _, s := range a.sessions {
 		s.send(Event{Kind: EventShutdown, Message: "the agent is stopping; every lease is being released"})
@@ -265,7 +282,12 @@ func (a *Agent) margin(ttl time.Duration) time.Duration {
 func (a *Agent) releaseBackend(ctx context.Context, l *lease) {
 	a.enter()
 	defer a.exit()
-	err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
+	a.releaseStep(ctx, l)
+}
+
+// releaseStep is releaseBackend inside a step of the handover's gate.
+func (a *Agent) releaseStep(ctx context.Context, l *lease) {
+	err := a.b.Release(ctx, l.key())
 	a.called("release", err)
 	if err == nil || errors.Is(err, backend.ErrNotHeld) {
 		return
@@ -316,7 +338,7 @@ func (a *Agent) retryRelease(l *lease) bool {
 			// its shutdown.
 			ctx, cancel := context.WithDeadline(a.stopping, earliest(until, time.Now().Add(releaseTimeout)))
 			a.enter()
-			err := a.b.Release(ctx, backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode})
+			err := a.b.Release(ctx, l.key())
 			a.exit()
 			cancel()
 			a.called("release", err)

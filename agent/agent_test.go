@@ -105,6 +105,10 @@ func (f *faulty) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 	return g, err
 }
 
+// Local is false: faulty stands for a backend across a network, whose
+// releases the agent owes (see agent's owe).
+func (f *faulty) Local() bool { return false }
+
 func (f *faulty) Release(ctx context.Context, l backend.LeaseKey) error {
 	f.releaseCalls.Add(1)
 	if f.failRelease.Load() {
@@ -302,6 +306,10 @@ func TestWaitThroughAnOutage(t *testing.T) {
 		synctest.Wait()
 		f.failAcquire.Store(true) // an outage: every call fails (the release just before it too)
 		require.NoError(t, holder.Release(context.Background(), held.ID))
+		// The release, owed to the backend, goes within a millisecond
+		// (the waiter's attempt, which took it too, failed).
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
 		f.failRelease.Store(true)
 		releases := f.releaseCalls.Load()
 		other, _ := openSession(t, a)
@@ -978,6 +986,8 @@ func TestReleaseRetried(t *testing.T) {
 		m := mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Hour})
 		f.failRelease.Store(true)
 		require.NoError(t, s.Release(context.Background(), m.ID))
+		time.Sleep(10 * time.Millisecond) // its first send, owed, fails
+		synctest.Wait()
 		f.failRelease.Store(false)
 		f.releaseDelay.Store(int64(time.Hour)) // the next try hangs
 		time.Sleep(200 * time.Millisecond)     // it is in flight

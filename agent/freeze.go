@@ -46,14 +46,21 @@ func (a *Agent) Freeze(ctx context.Context) error {
 		a.mu.Unlock()
 	})
 	defer stop()
-	for a.steps > 0 && ctx.Err() == nil {
-		a.stepped.Wait()
+	// The releases owed go first: the state has no place for them. An
+	// attempt that took some and failed owes them again, and they go too.
+	for {
+		a.sendOwed()
+		for a.steps > 0 && ctx.Err() == nil {
+			a.stepped.Wait()
+		}
+		if err := ctx.Err(); err != nil {
+			a.thawLocked()
+			return err
+		}
+		if !a.unsentOwed() {
+			return nil
+		}
 	}
-	if err := ctx.Err(); err != nil {
-		a.thawLocked()
-		return err
-	}
-	return nil
 }
 
 // Thaw lets a frozen agent go on, as if nothing had happened: the handover
@@ -68,6 +75,9 @@ func (a *Agent) Thaw() {
 func (a *Agent) thawLocked() {
 	a.frozen = false
 	a.stepped.Broadcast()
+	if a.unsentOwed() {
+		a.armFlush()
+	}
 }
 
 // Slack is how long the agent can stay frozen before a lease's local

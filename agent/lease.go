@@ -89,6 +89,11 @@ func (a *Agent) addLease(l *lease) {
 	}
 }
 
+// key is l's key in the backend.
+func (l *lease) key() backend.LeaseKey {
+	return backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode}
+}
+
 // dropLease forgets a lease and wakes the local waiters for its name. It
 // does not touch the backend. a.mu is held.
 func (a *Agent) dropLease(l *lease) {
@@ -449,7 +454,7 @@ func (a *Agent) renew(ctx context.Context, batch []*lease, deadline time.Time) {
 	sent := time.Now()
 	for i, l := range batch {
 		// Fields set when the lease is granted, and never changed.
-		reqs[i] = backend.RenewRequest{LeaseKey: backend.LeaseKey{Name: l.name, LeaseID: l.id, Mode: l.mode}, TTL: l.ttl}
+		reqs[i] = backend.RenewRequest{LeaseKey: l.key(), TTL: l.ttl}
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	errs := a.b.Renew(rctx, reqs)

@@ -400,11 +400,15 @@ func (s *Session) Release(ctx context.Context, leaseID string) error {
 		return ErrNotHeld
 	}
 	a.dropLease(l)
+	if !a.local {
+		// Answered at once; the backend learns of it soon (see owe).
+		a.owe(l)
+		a.mu.Unlock()
+		return nil
+	}
 	a.mu.Unlock()
-	// The release outlives the request (see detached). It is not bounded
-	// here: a timer per release cost about a sixth of the agent's CPU per
-	// pair over 64 sessions; a backend that can block bounds a release
-	// without a deadline itself.
+	// The release outlives the request (see detached), and is not
+	// bounded here: the backend is a function call.
 	a.releaseBackend(context.WithoutCancel(ctx), l)
 	return nil
 }
@@ -458,11 +462,17 @@ func (s *Session) Inspect(ctx context.Context, name string) (backend.LockInfo, e
 	if err := s.a.allowAnyMode(s.currentPeer(), name); err != nil {
 		return backend.LockInfo{}, err
 	}
-	info, err := s.a.b.Inspect(ctx, name)
-	s.a.note(err)
+	a := s.a
+	info, err := a.b.Inspect(ctx, name)
+	a.note(err)
 	if err != nil {
 		return backend.LockInfo{}, fmt.Errorf("inspect %s: %w", name, err)
 	}
+	// A lease released here is not held, though the backend may not know
+	// it yet.
+	a.mu.Lock()
+	info.Holders = slices.DeleteFunc(info.Holders, func(h backend.Holder) bool { return a.isOwed(name, h.LeaseID) })
+	a.mu.Unlock()
 	return info, nil
 }
 

@@ -114,6 +114,13 @@ func lockKey(name string) string { return "e2e:lk:{" + name + "}" }
 // ttlArg is the extra acquire argument for a TTL.
 func ttlArg(ttl time.Duration) map[string]any { return map[string]any{"ttl_ms": ttl.Milliseconds()} }
 
+// afterRelease is ttlArg for an acquire of a name just released through
+// another agent: Redis hears of a release within a millisecond of its
+// answer (docs/protocol.md, release), and the acquire waits that long.
+func afterRelease(ttl time.Duration) map[string]any {
+	return map[string]any{"ttl_ms": ttl.Milliseconds(), "wait_ms": 1000}
+}
+
 // msString formats a duration in whole milliseconds, for the summary lines.
 func msString(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 

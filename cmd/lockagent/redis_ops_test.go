@@ -268,7 +268,7 @@ func newOpsB6(t *testing.T, ttl time.Duration, prefix string) *opsB6 {
 	}
 	for _, n := range s.names {
 		for _, c := range s.apps {
-			l := mustAcquire(t, c, n, ttlArg(ttl))
+			l := mustAcquire(t, c, n, afterRelease(ttl))
 			s.before = append(s.before, l.Token)
 			opsRelease(t, c, l.Lease)
 		}
@@ -293,7 +293,7 @@ func (s *opsB6) regrant(t *testing.T, ttl time.Duration) uint64 {
 		require.Greater(t, other.Token, high, "%s: a grant after the restart has a token above every earlier one", n)
 		assert.False(t, tryAcquire(t, s.apps[i%2], n, nil).Acquired, "%s is held by the other agent now", n)
 		opsRelease(t, s.apps[(i+1)%2], other.Lease)
-		again := mustAcquire(t, s.apps[i%2], n, ttlArg(ttl))
+		again := mustAcquire(t, s.apps[i%2], n, afterRelease(ttl))
 		require.Greater(t, again.Token, other.Token, n)
 		opsRelease(t, s.apps[i%2], again.Lease)
 		lowest = min(lowest, other.Token)
@@ -1052,7 +1052,7 @@ func TestC3_RedisAgentKilled(t *testing.T) {
 	again := mustAcquire(t, app2, alone.Name, ttlArg(ttl))
 	assert.Greater(t, again.Token, alone.Token)
 	opsRelease(t, other, w.Lease)
-	back := mustAcquire(t, app2, taken.Name, ttlArg(ttl))
+	back := mustAcquire(t, app2, taken.Name, afterRelease(ttl))
 	assert.Greater(t, back.Token, w.Token)
 	t.Logf("C3 agent kill -9: app saw EOF after %s; keys expired %s / %s after the kill (TTL %s); the waiter on the other agent got it after %s with token %d > %d; restarted agent's tokens %d > %d, %d > %d",
 		msString(eof), msString(gone[taken.Name]), msString(gone[alone.Name]), msString(ttl), msString(waited), w.Token, taken.Token, again.Token, alone.Token, back.Token, w.Token)
