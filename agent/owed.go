@@ -173,6 +173,12 @@ func (a *Agent) settle(o *owedRelease) {
 	} else {
 		a.owed[o.l.name] = os
 	}
+	if len(a.owed) == 0 && a.flushArmed {
+		// Nothing left for it to send: a timer that fires wakes a
+		// thread for nothing.
+		a.flushTimer.Stop()
+		a.flushArmed = false
+	}
 }
 
 // isOwed tells a lease id whose release is owed: the agent no longer holds

@@ -101,17 +101,17 @@ const echoEnv = "LOCKAGENT_BENCH_ECHO"
 // again, with echoEnv set): a round trip to it wakes another process, as
 // one to the agent does, where one to echoServer may stay in the
 // runtime's own scheduler.
-func echoProcess(dir string) (path string, stop func(), err error) {
+func echoProcess(dir string) (path string, pid int, stop func(), err error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	path = filepath.Join(dir, "echo-process.sock")
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), echoEnv+"="+path)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("start echo process: %w", err)
+		return "", 0, nil, fmt.Errorf("start echo process: %w", err)
 	}
 	stop = func() { cmd.Process.Kill(); cmd.Wait() }
 	err = poll(10*time.Second, func() error {
@@ -123,9 +123,9 @@ func echoProcess(dir string) (path string, stop func(), err error) {
 	})
 	if err != nil {
 		stop()
-		return "", nil, fmt.Errorf("echo process: %w", err)
+		return "", 0, nil, fmt.Errorf("echo process: %w", err)
 	}
-	return path, stop, nil
+	return path, cmd.Process.Pid, stop, nil
 }
 
 // runEcho is the echo process's main: it serves until killed.

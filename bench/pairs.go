@@ -22,6 +22,9 @@ type result struct {
 	perSec   float64
 	// CPU time of the agents and of Redis per operation, in µs.
 	agentCPU, redisCPU float64
+	// switches is the context switches of the servers (the agents, the
+	// echo process and redis-server) per operation.
+	switches float64
 }
 
 // worker is one session or goroutine of a workload; op does one operation.

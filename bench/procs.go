@@ -207,6 +207,27 @@ func cpuSeconds(pid int) (float64, error) {
 	return (utime + stime) / ticks, nil
 }
 
+// ctxSwitches is how many times the threads of the process have been
+// switched out, voluntarily or not: each is a sleep and a wake-up, or a
+// preemption.
+func ctxSwitches(pid int) float64 {
+	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	var n float64
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue // the thread ended
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(k, "voluntary_ctxt_switches") {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				n += f
+			}
+		}
+	}
+	return n
+}
+
 // rssMiB is the resident memory of the process.
 func rssMiB(pid int) (float64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
