@@ -47,16 +47,16 @@ func loadConfig(file, socket, level string) (config.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-func agentCmd(args []string, stderr io.Writer) error {
-	fs := newFlagSet("agent", stderr)
-	file := fs.String("config", "", "config file (HCL)")
-	socket := fs.String("socket", "", "socket path")
-	level := fs.String("log-level", "", "trace, debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
+func agentCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("agent", stdout)
+	file := fs.String("config", "", "the config `FILE` (HCL)")
+	socket := fs.String("socket", "", "the socket's `PATH`, over LOCKAGENT_SOCKET and the file's")
+	level := fs.String("log-level", "", "the log `LEVEL`, over the file's: trace, debug, info, warn or error")
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError{"agent takes no arguments"}
+		return usageError{"agent", fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
 	out, journal := logOutput(stderr)
 	cfg, err := loadConfig(*file, *socket, *level)
@@ -359,19 +359,28 @@ func reload(file, level string, log hclog.Logger, a *agent.Agent) {
 	log.Info("configuration reloaded", "log_level", cfg.LogLevel, "acl_rules", len(access.Rules))
 }
 
-func configCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "check" {
-		return usageError{"usage: lockagent config check [-config FILE]"}
+func configCmd(args []string, stdout io.Writer) error {
+	switch {
+	case len(args) == 0:
+		return usageError{"config", "no subcommand: check"}
+	case args[0] == "help" && len(args) > 1:
+		// config help check is config check -h.
+		return configCmd(append(args[1:len(args):len(args)], "-h"), stdout)
+	case isHelp(args):
+		printUsage(stdout, "config", nil)
+		return nil
+	case args[0] != "check":
+		return usageError{"config", fmt.Sprintf("unknown subcommand %q", args[0])}
 	}
-	fs := newFlagSet("config check", stderr)
-	file := fs.String("config", "", "config file (HCL)")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	fs := newFlagSet("config check", stdout)
+	file := fs.String("config", "", "the config `FILE` (HCL)")
+	if err := fs.parse(args[1:]); err != nil {
 		return err
 	}
 	// A file given without -config would otherwise be ignored, and the
 	// defaults checked in its place.
 	if fs.NArg() > 0 {
-		return usageError{"usage: lockagent config check [-config FILE]"}
+		return usageError{"config check", fmt.Sprintf("unexpected argument %q (a file goes after -config)", fs.Arg(0))}
 	}
 	cfg, err := loadConfig(*file, "", "")
 	if err != nil {

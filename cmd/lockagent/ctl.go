@@ -76,11 +76,26 @@ func reachError(path string, err error) error {
 
 func ctlCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{"ctl needs a subcommand: list, inspect, break, status or upgrade"}
+		return usageError{"ctl", "no subcommand: list, inspect, break, status or upgrade"}
 	}
 	sub, rest := args[0], args[1:]
-	fs := newFlagSet("ctl "+sub, stderr)
-	socket := fs.String("socket", "", "agent socket path")
+	switch sub {
+	case "help":
+		// ctl help SUBCOMMAND is ctl SUBCOMMAND -h.
+		if len(rest) > 0 {
+			return ctlCmd(append(rest[:len(rest):len(rest)], "-h"), stdout, stderr)
+		}
+		printUsage(stdout, "ctl", nil)
+		return nil
+	case "-h", "-help", "--help":
+		printUsage(stdout, "ctl", nil)
+		return nil
+	case "list", "status", "upgrade", "inspect", "break":
+	default:
+		return usageError{"ctl", fmt.Sprintf("unknown subcommand %q", sub)}
+	}
+	fs := newFlagSet("ctl "+sub, stdout)
+	socket := fs.String("socket", "", "the agent's socket `PATH` (else LOCKAGENT_SOCKET, else the default path)")
 	var all, asJSON *bool
 	if sub == "list" || sub == "status" {
 		if sub == "list" {
@@ -89,7 +104,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		asJSON = fs.Bool("json", false, "print JSON")
 	}
 	// Flags may come after a lock name too: ctl inspect NAME -socket P.
-	names, err := parseInterspersed(fs, rest)
+	names, err := fs.parseInterspersed(rest)
 	if err != nil {
 		return err
 	}
@@ -99,7 +114,7 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 	switch sub {
 	case "list":
 		if len(names) != 0 {
-			return usageError{"ctl list takes no arguments"}
+			return usageError{"ctl list", fmt.Sprintf("unexpected argument %q", names[0])}
 		}
 		c, err := dial(ctx, *socket, "lockagent ctl")
 		if err != nil {
@@ -123,17 +138,17 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		return nil
 	case "status":
 		if len(names) != 0 {
-			return usageError{"ctl status takes no arguments"}
+			return usageError{"ctl status", fmt.Sprintf("unexpected argument %q", names[0])}
 		}
 		return status(ctx, *socket, *asJSON, stdout)
 	case "upgrade":
 		if len(names) != 0 {
-			return usageError{"ctl upgrade takes no arguments"}
+			return usageError{"ctl upgrade", fmt.Sprintf("unexpected argument %q", names[0])}
 		}
 		return upgrade(ctx, *socket, stdout)
-	case "inspect", "break":
+	default: // inspect, break
 		if len(names) != 1 {
-			return usageError{fmt.Sprintf("ctl %s takes one lock name", sub)}
+			return usageError{"ctl " + sub, fmt.Sprintf("one lock NAME, not %d", len(names))}
 		}
 		name := names[0]
 		c, err := dial(ctx, *socket, "lockagent ctl")
@@ -144,26 +159,24 @@ func ctlCmd(args []string, stdout, stderr io.Writer) error {
 		if sub == "break" {
 			n, err := c.Break(ctx, name)
 			if err != nil {
-				return refusedName(err)
+				return refusedName(sub, err)
 			}
 			fmt.Fprintf(stdout, "%s: %d lease(s) broken\n", name, n)
 			return nil
 		}
 		in, err := c.Inspect(ctx, name)
 		if err != nil {
-			return refusedName(err)
+			return refusedName(sub, err)
 		}
 		return printInspect(stdout, name, in)
-	default:
-		return usageError{fmt.Sprintf("unknown ctl subcommand %q", sub)}
 	}
 }
 
-// refusedName is the error of a ctl call on a name: a usage error if the
+// refusedName is the error of ctl sub on a name: a usage error if the
 // agent refused the name itself.
-func refusedName(err error) error {
+func refusedName(sub string, err error) error {
 	if badArgument(err) {
-		return usageError{err.Error()}
+		return usageError{"ctl " + sub, err.Error()}
 	}
 	return err
 }

@@ -300,37 +300,49 @@ func TestConfigCheck(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	noAgent := []string{"LOCKAGENT_SOCKET=/nonexistent/lockagent-e2e.sock"}
-	for _, args := range [][]string{
-		{},
-		{"bogus"},
-		{"ctl"},
-		{"ctl", "bogus"},
-		{"ctl", "list", "extra"},
-		{"ctl", "list", "-bogus"},
-		{"ctl", "inspect"},
-		{"ctl", "break", "a", "b"},
-		{"run"},
-		{"run", "name"},
-		{"run", "name", "true"},
-		{"run", "name", "--"},
-		{"run", "-wait", "soon", "name", "--", "true"},
-		{"run", "-elect", "name"},
-		{"run", "-elect", "name", "true"},
-		{"run", "-elect", "name", "--"},
-		{"agent", "extra"},
-		{"agent", "-bogus"},
-		{"config"},
-		{"config", "bogus"},
-		{"config", "check", "extra.hcl"},
-		{"version", "extra"},
+	for _, tc := range []struct {
+		args []string
+		cmd  string // whose usage the error points at
+	}{
+		{[]string{}, ""},
+		{[]string{"bogus"}, ""},
+		{[]string{"help", "bogus"}, ""},
+		{[]string{"ctl"}, "ctl"},
+		{[]string{"ctl", "bogus"}, "ctl"},
+		{[]string{"ctl", "list", "extra"}, "ctl list"},
+		{[]string{"ctl", "list", "-bogus"}, "ctl list"},
+		{[]string{"ctl", "status", "-json=maybe"}, "ctl status"},
+		{[]string{"ctl", "inspect"}, "ctl inspect"},
+		{[]string{"ctl", "break", "a", "b"}, "ctl break"},
+		{[]string{"run"}, "run"},
+		{[]string{"run", "name"}, "run"},
+		{[]string{"run", "name", "true"}, "run"},
+		{[]string{"run", "name", "--"}, "run"},
+		{[]string{"run", "--", "true"}, "run"},
+		{[]string{"run", "a", "b", "--", "true"}, "run"},
+		{[]string{"run", "-wait", "soon", "name", "--", "true"}, "run"},
+		{[]string{"run", "-bogus", "name", "--", "true"}, "run"},
+		{[]string{"run", "-elect", "name"}, "run"},
+		{[]string{"run", "-elect", "name", "true"}, "run"},
+		{[]string{"run", "-elect", "name", "--"}, "run"},
+		{[]string{"run", "-elect", "name", "other", "--", "true"}, "run"},
+		{[]string{"agent", "extra"}, "agent"},
+		{[]string{"agent", "-bogus"}, "agent"},
+		{[]string{"config"}, "config"},
+		{[]string{"config", "bogus"}, "config"},
+		{[]string{"config", "check", "extra.hcl"}, "config check"},
+		{[]string{"config", "check", "-bogus"}, "config check"},
+		{[]string{"version", "extra"}, "version"},
 	} {
-		r := lockagent(t, noAgent, args...)
-		requireCode(t, 2, r, fmt.Sprintf("lockagent %q", args))
-		require.Contains(t, r.stderr, "usage", "lockagent %q", args)
+		r := lockagent(t, noAgent, tc.args...)
+		what := fmt.Sprintf("lockagent %q", tc.args)
+		requireCode(t, 2, r, what)
+		// One line: the problem, and where the usage is; not the usage
+		// itself, nor the error twice.
+		where := strings.TrimSpace("lockagent " + tc.cmd)
+		require.Regexp(t, `^`+regexp.QuoteMeta(where)+`: [^\n]+ \(see '`+regexp.QuoteMeta(where)+` -h'\)\n$`, r.stderr, what)
+		require.Empty(t, r.stdout, what)
 	}
-	r := lockagent(t, nil, "help")
-	requireCode(t, 0, r, "help")
-	require.Contains(t, r.stdout, "usage: lockagent")
 }
 
 // listJSON is `ctl list -json`, decoded independently of the command's own

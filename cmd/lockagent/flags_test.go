@@ -28,7 +28,7 @@ func TestParseInterspersed(t *testing.T) {
 		fs := newFlagSet("test", io.Discard)
 		socket := fs.String("socket", "", "")
 		asJSON := fs.Bool("json", false, "")
-		names, err := parseInterspersed(fs, tc.args)
+		names, err := fs.parseInterspersed(tc.args)
 		require.NoError(t, err, "%q", tc.args)
 		assert.Equal(t, tc.names, names, "%q", tc.args)
 		assert.Equal(t, tc.socket, *socket, "%q", tc.args)

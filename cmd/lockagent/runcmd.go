@@ -24,41 +24,55 @@ import (
 // (EX_TEMPFAIL).
 const exitTempFail = 75
 
-func runCmd(args []string, stderr io.Writer) error {
-	fs := newFlagSet("run", stderr)
-	socket := fs.String("socket", "", "agent socket path")
-	wait := fs.Duration("wait", 0, "how long to wait for the lock (default: without limit)")
+func runCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("run", stdout)
+	socket := fs.String("socket", "", "the agent's socket `PATH` (else LOCKAGENT_SOCKET, else the default path)")
+	wait := fs.Duration("wait", 0, "how long to wait for the lock, as `DUR` (default: without a limit)")
 	shared := fs.Bool("shared", false, "take the lock shared")
-	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long before SIGKILL")
+	grace := fs.Duration("grace", 10*time.Second, "after SIGTERM on a lost lock, how long (`DUR`) before SIGKILL")
 	elect := fs.String("elect", "", "campaign for leadership of `NAME`; run the command while leader")
-	ttl := fs.Duration("ttl", 0, "the lease's TTL (default: the agent's)")
-	if err := parseFlags(fs, args); err != nil {
+	ttl := fs.Duration("ttl", 0, "the lease's TTL, as `DUR` (default: the agent's)")
+	if len(args) == 0 {
+		return usageError{"run", "no lock NAME and command"}
+	}
+	// Flags may come before or after NAME; the command follows "--".
+	before, argv := args, []string(nil)
+	split := fs.dashDash(args)
+	if split >= 0 {
+		before, argv = args[:split], args[split+1:]
+	}
+	if err := fs.parse(before); err != nil {
 		return err
 	}
+	names := fs.Args()
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	rest := fs.Args()
 	var name string
-	var argv []string
 	switch {
+	case split < 0:
+		return usageError{"run", "no -- before the command: lockagent run [flags] NAME -- CMD [ARGS...]"}
+	case len(argv) == 0:
+		return usageError{"run", "no command after --"}
 	case *elect != "":
-		// The flag parser consumed the "--" that ends the flags.
-		if len(rest) == 0 || len(args) <= len(rest) || args[len(args)-len(rest)-1] != "--" || given["wait"] || given["shared"] {
-			return usageError{"usage: lockagent run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]"}
+		if len(names) > 0 {
+			return usageError{"run", fmt.Sprintf("-elect names the lock; %q is one name too many", names[0])}
 		}
-		name, argv = *elect, rest
-	case len(rest) < 3 || rest[1] != "--":
-		return usageError{"usage: lockagent run [-wait DUR] [-shared] [-ttl DUR] [-grace DUR] NAME -- CMD [ARGS...]"}
+		if given["wait"] || given["shared"] {
+			return usageError{"run", "-wait and -shared do not go with -elect"}
+		}
+		name = *elect
+	case len(names) != 1:
+		return usageError{"run", fmt.Sprintf("one lock NAME before --, not %d", len(names))}
 	default:
-		name, argv = rest[0], rest[2:]
+		name = names[0]
 	}
 	switch {
 	case given["wait"] && *wait < 0:
-		return usageError{"-wait must not be negative (leave it out to wait without a limit)"}
+		return usageError{"run", "-wait must not be negative (leave it out to wait without a limit)"}
 	case *grace < 0:
-		return usageError{"-grace must not be negative"}
+		return usageError{"run", "-grace must not be negative"}
 	case *ttl < 0 || *ttl > 0 && *ttl < time.Millisecond:
-		return usageError{"-ttl must be at least 1ms"}
+		return usageError{"run", "-ttl must be at least 1ms"}
 	}
 
 	// run adopts what the command leaves behind (see proctree.go), and
@@ -124,7 +138,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	case errors.As(err, &exit):
 		return err
 	case badArgument(err):
-		return usageError{fmt.Sprintf("%s: %v", name, err)}
+		return usageError{"run", fmt.Sprintf("%s: %v", name, err)}
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL, at most 30s, and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
 	case errors.As(err, &denied):

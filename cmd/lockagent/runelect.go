@@ -38,7 +38,7 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *client.Client
 	case errors.As(err, &exit):
 		return err
 	case badArgument(err):
-		return usageError{fmt.Sprintf("%s: %v", name, err)}
+		return usageError{"run", fmt.Sprintf("%s: %v", name, err)}
 	case err != nil:
 		return fmt.Errorf("%s: %w", name, err)
 	}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestHelpAtEveryLevel: -h, and help, at every level of the command line
+// print that level's usage on stdout and exit 0; a command's synopsis
+// names each of its flags, and the top level's names every command.
+func TestHelpAtEveryLevel(t *testing.T) {
+	t.Parallel()
+	noAgent := []string{"LOCKAGENT_SOCKET=/nonexistent/lockagent-e2e.sock"}
+	levels := map[string][][]string{
+		"":             {{"-h"}, {"-help"}, {"--help"}, {"help"}},
+		"ctl":          {{"ctl", "-h"}, {"ctl", "help"}, {"help", "ctl"}},
+		"run":          {{"run", "-h"}, {"run", "--help"}, {"run", "help"}, {"help", "run"}},
+		"config":       {{"config", "-h"}, {"config", "help"}, {"help", "config"}},
+		"config check": {{"config", "check", "-h"}, {"config", "check", "help"}, {"config", "help", "check"}, {"help", "config", "check"}},
+		"agent":        {{"agent", "-h"}, {"agent", "help"}, {"help", "agent"}},
+		"version":      {{"version", "-h"}, {"version", "help"}, {"help", "version"}},
+	}
+	for _, sub := range []string{"list", "inspect", "break", "status", "upgrade"} {
+		levels["ctl "+sub] = [][]string{{"ctl", sub, "-h"}, {"ctl", sub, "help"}, {"ctl", "help", sub}, {"help", "ctl", sub}}
+	}
+	for level, forms := range levels {
+		var first string
+		for _, args := range forms {
+			r := lockagent(t, noAgent, args...)
+			what := fmt.Sprintf("lockagent %q", args)
+			requireCode(t, 0, r, what)
+			require.Empty(t, r.stderr, what)
+			synopsis := level
+			if level == "" {
+				synopsis = "<command>"
+			}
+			want := `^usage: lockagent ` + regexp.QuoteMeta(synopsis) + `[ \n]`
+			require.Regexp(t, want, r.stdout, "%s prints %q's usage", what, level)
+			if first == "" {
+				first = r.stdout
+			}
+			require.Equal(t, first, r.stdout, "%s prints what %q does", what, forms[0])
+		}
+		// The synopsis, the lines before the first blank one, names
+		// every flag of the section "flags:".
+		synopsis, _, _ := strings.Cut(first, "\n\n")
+		_, flags, _ := strings.Cut(first, "\nflags:\n")
+		for _, m := range regexp.MustCompile(`(?m)^  (-[a-z-]+)`).FindAllStringSubmatch(flags, -1) {
+			require.Regexp(t, `[\[ ]`+regexp.QuoteMeta(m[1])+`[\] ]`, synopsis, "the synopsis of %q names its flag %s", level, m[1])
+		}
+	}
+	top := lockagent(t, noAgent, "help").stdout
+	for level := range levels {
+		require.Contains(t, top, "\n  "+level, "the top usage lists %q", level)
+	}
+}
