@@ -58,3 +58,27 @@ func TestHelpAtEveryLevel(t *testing.T) {
 		require.Contains(t, top, "\n  "+level, "the top usage lists %q", level)
 	}
 }
+
+// TestRunFlagsAfterName: run's flags may follow NAME, as ctl's do; what
+// follows -- is the command's, flags included.
+func TestRunFlagsAfterName(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	e.start(t)
+	env := e.clientEnv()
+
+	r := lockagent(t, env, "run", "flags/1", "-ttl", "2s", "-grace", "1s", "--", "sh", "-c", `echo "$LOCKAGENT_NAME"`)
+	requireCode(t, 0, r, "run NAME -ttl 2s -grace 1s -- CMD")
+	require.Equal(t, "flags/1\n", r.stdout)
+
+	// -wait after the name applies: the lock is held, run gives up.
+	holder := dialAgent(t, e.socket, "e2e-holder")
+	mustAcquire(t, holder, "flags/2", nil)
+	r = lockagent(t, env, "run", "flags/2", "-wait", "100ms", "--", "echo", "ran")
+	requireCode(t, exitTempFail, r, "run NAME -wait 100ms -- CMD of a held lock")
+	require.Empty(t, r.stdout)
+
+	r = lockagent(t, env, "run", "flags/3", "--", "sh", "-c", `echo "$@"`, "sh", "-wait", "1s")
+	requireCode(t, 0, r, "run NAME -- CMD -wait 1s")
+	require.Equal(t, "-wait 1s\n", r.stdout, "the flags after -- are the command's")
+}

@@ -41,10 +41,10 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	if split >= 0 {
 		before, argv = args[:split], args[split+1:]
 	}
-	if err := fs.parse(before); err != nil {
+	names, err := fs.parseInterspersed(before)
+	if err != nil {
 		return err
 	}
-	names := fs.Args()
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var name string
@@ -96,7 +96,7 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	var c *client.Client
 	var info client.AgentInfo
-	err := untilSignal(cancel, sigs, func() (err error) {
+	err = untilSignal(cancel, sigs, func() (err error) {
 		cctx, ccancel := context.WithTimeout(ctx, connectTimeout)
 		defer ccancel()
 		c, info, err = dialInfo(cctx, *socket, "lockagent run")
