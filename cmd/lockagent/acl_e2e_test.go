@@ -80,10 +80,10 @@ func TestACLEndToEnd(t *testing.T) {
 
 	requireCode(t, 0, lockagentAs(t, 4242, 4242, env, "run", "jobs/1", "--", "true"), "run by the uid the rule names")
 	r = lockagentAs(t, 4242, 4242, env, "run", "-shared", "jobs/1", "--", "true")
-	requireCode(t, 1, r, "run -shared, a mode the rule does not allow")
+	requireCode(t, 77, r, "run -shared, a mode the rule does not allow")
 	require.Contains(t, r.stderr, "permission_denied")
 	r = lockagentAs(t, 4243, 4243, env, "run", "jobs/1", "--", "true")
-	requireCode(t, 1, r, "run by another uid")
+	requireCode(t, 77, r, "run by another uid")
 	require.Contains(t, r.stderr, "permission_denied")
 	require.Contains(t, r.stderr, "jobs/1")
 	require.NotContains(t, r.stderr, "jobs/*", "the error never shows the rules")
@@ -106,6 +106,6 @@ func TestACLEndToEnd(t *testing.T) {
 	a.signal(t, syscall.SIGHUP)
 	eventually(t, exitTimeout, "reload", func() bool { return strings.Contains(a.stderr.String(), "acl_rules=1") })
 	requireCode(t, 0, lockagentAs(t, 4243, 4243, env, "run", "jobs/1", "--", "true"), "run by the uid the reloaded rule names")
-	requireCode(t, 1, lockagentAs(t, 4242, 4242, env, "run", "jobs/1", "--", "true"), "run by the uid the rule no longer names")
+	requireCode(t, 77, lockagentAs(t, 4242, 4242, env, "run", "jobs/1", "--", "true"), "run by the uid the rule no longer names")
 	stopAgent(t, a)
 }

@@ -82,3 +82,28 @@ func TestRunFlagsAfterName(t *testing.T) {
 	requireCode(t, 0, r, "run NAME -- CMD -wait 1s")
 	require.Equal(t, "-wait 1s\n", r.stdout, "the flags after -- are the command's")
 }
+
+// TestRunRefusedName: a name the agent's access rules refuse to run's user
+// (permission_denied) ends run with status 77, for a lock and for -elect,
+// apart from an agent it cannot reach (1) and a malformed name (2).
+func TestRunRefusedName(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	e.writeConfig(t, "acl {\n  rule \"ok/*\" {}\n}\n")
+	e.start(t)
+	env := e.clientEnv()
+
+	requireCode(t, 0, lockagent(t, env, "run", "ok/1", "--", "true"), "run of an allowed name")
+	for _, args := range [][]string{
+		{"run", "no/1", "--", "echo", "ran"},
+		{"run", "-wait", "1s", "no/1", "--", "echo", "ran"},
+		{"run", "-elect", "no/1", "--", "echo", "ran"},
+	} {
+		r := lockagent(t, env, args...)
+		requireCode(t, exitNoPerm, r, fmt.Sprintf("lockagent %q", args))
+		require.Contains(t, r.stderr, "permission_denied")
+		require.Empty(t, r.stdout, "the command must not run")
+	}
+	r := lockagent(t, []string{"LOCKAGENT_SOCKET=/nonexistent/lockagent-e2e.sock"}, "run", "no/1", "--", "true")
+	requireCode(t, 1, r, "run without an agent")
+}

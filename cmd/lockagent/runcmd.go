@@ -24,6 +24,11 @@ import (
 // (EX_TEMPFAIL).
 const exitTempFail = 75
 
+// exitNoPerm is run's status when the agent refuses the name to this user,
+// by its access rules (EX_NOPERM): a script tells it from an agent it
+// cannot reach (1) and from a name that is malformed (2).
+const exitNoPerm = 77
+
 func runCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("run", stdout)
 	socket := fs.String("socket", "", "the agent's socket `PATH` (else LOCKAGENT_SOCKET, else the default path)")
@@ -139,6 +144,9 @@ func runCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	case badArgument(err):
 		return usageError{"run", fmt.Sprintf("%s: %v", name, err)}
+	case errors.Is(err, client.ErrPermissionDenied):
+		fmt.Fprintf(stderr, "lockagent: %s: %v\n", name, err)
+		return exitError{exitNoPerm}
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: no answer within -wait and %s more (a TTL, at most 30s, and %s): the agent, or its backend, is stuck", name, allowance, helloTimeout)
 	case errors.As(err, &denied):

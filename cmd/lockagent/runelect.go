@@ -39,6 +39,9 @@ func runElected(ctx context.Context, cancel context.CancelFunc, c *client.Client
 		return err
 	case badArgument(err):
 		return usageError{"run", fmt.Sprintf("%s: %v", name, err)}
+	case errors.Is(err, client.ErrPermissionDenied):
+		fmt.Fprintf(stderr, "lockagent: %s: %v\n", name, err)
+		return exitError{exitNoPerm}
 	case err != nil:
 		return fmt.Errorf("%s: %w", name, err)
 	}
