@@ -2,11 +2,17 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockagent/lockagent/internal/testkit"
 )
 
 // TestHelpAtEveryLevel: -h, and help, at every level of the command line
@@ -106,4 +112,47 @@ func TestRunRefusedName(t *testing.T) {
 	}
 	r := lockagent(t, []string{"LOCKAGENT_SOCKET=/nonexistent/lockagent-e2e.sock"}, "run", "no/1", "--", "true")
 	requireCode(t, 1, r, "run without an agent")
+}
+
+// TestRunMuteAgent: run gives up on a socket that accepts the connection
+// and answers nothing after the hello timeout, 5 s, with status 1, as the
+// README says.
+func TestRunMuteAgent(t *testing.T) {
+	t.Parallel()
+	testkit.SkipShort(t, "the lockagent binary")
+	dir, err := os.MkdirTemp("", "la")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	mute := filepath.Join(dir, "mute")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: mute, Net: "unix"})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // open and mute until the test ends
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	start := time.Now()
+	r := lockagent(t, nil, "run", "-socket", mute, "mute/1", "--", "echo", "ran")
+	took := time.Since(start)
+	requireCode(t, 1, r, "run on a mute socket")
+	require.Contains(t, r.stderr, "accepted the connection but did not answer in 5s")
+	require.Empty(t, r.stdout)
+	require.GreaterOrEqual(t, took, helloTimeout)
+	require.Less(t, took, helloTimeout+3*time.Second, "run gives up after the hello timeout, not the 30 s of connectTimeout")
 }
