@@ -386,9 +386,18 @@ func configCmd(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Groups the agent could not resolve make the configuration invalid.
+	// What the agent reads on the host when it starts: the groups of the
+	// acl (the file's groups are checked with it), the backend's password
+	// files, credentials and TLS files. Its refusal, in its words.
+	var problems []error
 	if _, err := accessOf(cfg); err != nil {
-		return err
+		problems = append(problems, err)
+	}
+	if _, err := readSecrets(cfg, os.Getenv); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the agent would not start with this configuration here:\n%w", errors.Join(problems...))
 	}
 	// Say what was checked: without -config, the agent's built-in
 	// defaults, which is not what the packaged agent runs with.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,11 +26,15 @@ import (
 
 // openBackend opens the backend the configuration names.
 func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (backend.Backend, error) {
+	sec, err := readSecrets(cfg, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
 	switch cfg.Backend.Kind {
 	case "redis":
-		return openRedis(ctx, cfg.Backend.Redis, log)
+		return openRedis(ctx, cfg.Backend.Redis, sec, log)
 	case "etcd":
-		return openEtcd(ctx, cfg.Backend.Etcd, log)
+		return openEtcd(ctx, cfg.Backend.Etcd, sec, log)
 	}
 	b, err := memory.Open(cfg.StateDir)
 	if err != nil {
@@ -38,8 +43,51 @@ func openBackend(ctx context.Context, cfg config.Config, log hclog.Logger) (back
 	return b, nil
 }
 
+// secrets are what a backend's settings name on the host: its passwords,
+// from files or systemd credentials, and its TLS files.
+type secrets struct {
+	password, sentinelPassword string
+	tls                        *tls.Config // nil: plain TCP
+}
+
+// readSecrets reads what the backend of cfg names on the host, as the
+// agent does when it starts and `config check` does to say whether it
+// would: its error names every file or credential it cannot read, and
+// why; never a password.
+func readSecrets(cfg config.Config, getenv func(string) string) (secrets, error) {
+	var sec secrets
+	var errs []error
+	read := func(kind, prefix, file, credential string) string {
+		pw, err := password(kind, prefix, file, credential, getenv)
+		errs = append(errs, err)
+		return pw
+	}
+	var t *config.TLS
+	switch cfg.Backend.Kind {
+	case "redis":
+		rc := cfg.Backend.Redis
+		sec.password = read("redis", "", rc.PasswordFile, rc.PasswordCredential)
+		if rc.MasterName != "" {
+			sec.sentinelPassword = read("redis", "sentinel_", rc.SentinelPasswordFile, rc.SentinelPasswordCredential)
+		}
+		t = rc.TLS
+	case "etcd":
+		ec := cfg.Backend.Etcd
+		sec.password = read("etcd", "", ec.PasswordFile, ec.PasswordCredential)
+		t = ec.TLS
+	default:
+		return sec, nil
+	}
+	if t != nil {
+		var err error
+		sec.tls, err = tlsConfig(cfg.Backend.Kind, t)
+		errs = append(errs, err)
+	}
+	return sec, errors.Join(errs...)
+}
+
 // openEtcd connects to etcd, and checks that it answers.
-func openEtcd(ctx context.Context, ec *config.Etcd, log hclog.Logger) (backend.Backend, error) {
+func openEtcd(ctx context.Context, ec *config.Etcd, sec secrets, log hclog.Logger) (backend.Backend, error) {
 	ecfg := clientv3.Config{
 		Endpoints:   ec.Endpoints,
 		DialTimeout: ec.DialTimeout,
@@ -51,18 +99,7 @@ func openEtcd(ctx context.Context, ec *config.Etcd, log hclog.Logger) (backend.B
 		// The client's own log (retries, endpoints) at its warnings.
 		Logger: etcdLogger(log.Named("etcd-client")),
 	}
-	pw, err := password("etcd", "", ec.PasswordFile, ec.PasswordCredential, os.Getenv)
-	if err != nil {
-		return nil, err
-	}
-	ecfg.Password = pw
-	if ec.TLS != nil {
-		tc, err := tlsConfig("etcd", ec.TLS)
-		if err != nil {
-			return nil, err
-		}
-		ecfg.TLS = tc
-	}
+	ecfg.Password, ecfg.TLS = sec.password, sec.tls
 	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
@@ -87,7 +124,7 @@ func (w hclogWriter) Write(p []byte) (int, error) {
 }
 
 // openRedis connects to Redis, loads the scripts and checks the server.
-func openRedis(ctx context.Context, rc *config.Redis, log hclog.Logger) (backend.Backend, error) {
+func openRedis(ctx context.Context, rc *config.Redis, sec secrets, log hclog.Logger) (backend.Backend, error) {
 	goredis.SetLogger(goredisLog{log.Named("go-redis")})
 	opts := &goredis.UniversalOptions{
 		Addrs:         rc.Addresses,
@@ -108,24 +145,9 @@ func openRedis(ctx context.Context, rc *config.Redis, log hclog.Logger) (backend
 		// handshake of several round trips in the middle of a renewal.
 		PipelinePoolSize: -1,
 	}
-	pw, err := password("redis", "", rc.PasswordFile, rc.PasswordCredential, os.Getenv)
-	if err != nil {
-		return nil, err
-	}
-	opts.Password = pw
+	opts.Password, opts.TLSConfig = sec.password, sec.tls
 	if rc.MasterName != "" {
-		pw, err := password("redis", "sentinel_", rc.SentinelPasswordFile, rc.SentinelPasswordCredential, os.Getenv)
-		if err != nil {
-			return nil, err
-		}
-		opts.SentinelUsername, opts.SentinelPassword = rc.SentinelUsername, pw
-	}
-	if rc.TLS != nil {
-		tc, err := tlsConfig("redis", rc.TLS)
-		if err != nil {
-			return nil, err
-		}
-		opts.TLSConfig = tc
+		opts.SentinelUsername, opts.SentinelPassword = rc.SentinelUsername, sec.sentinelPassword
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

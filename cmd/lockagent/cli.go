@@ -110,8 +110,10 @@ error, a name or -ttl the agent refuses included.`},
 'lockagent config check -h' prints its usage.`},
 	"config check": {[]string{"config check [-config FILE]"},
 		`Checks the configuration an agent started with -config FILE would run with
-(the built-in defaults without it, and LOCKAGENT_SOCKET) and prints it, every
-value spelled out; or every problem, and exits 1.`},
+(the built-in defaults without it, and LOCKAGENT_SOCKET), and what the agent
+reads on the host when it starts (groups, password files, credentials, TLS
+files), as the user who runs it, in this environment. Prints it, every value
+spelled out; or every problem, in the agent's words, and exits 1.`},
 
 	"version": {[]string{"version"}, `Prints the version, the commit and the Go version.`},
 }

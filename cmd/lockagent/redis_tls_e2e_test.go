@@ -139,7 +139,7 @@ func TestRedisTLSAndCredentials(t *testing.T) {
 
 	for _, secret := range []string{`password_credential = "redis-password"`, fmt.Sprintf("password_file = %q", pwFile)} {
 		e.writeConfig(t, backend(secret, goodTLS))
-		r := lockagent(t, nil, "config", "check", "-config", e.config)
+		r := lockagent(t, []string{credEnv}, "config", "check", "-config", e.config)
 		requireCode(t, 0, r, "config check")
 		require.NotContains(t, r.stdout+r.stderr, password)
 		a := e.start(t, credEnv)

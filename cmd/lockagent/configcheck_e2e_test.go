@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestConfigCheckSaysWhatTheAgentWould: config check refuses what the
+// agent would refuse at start, in the agent's words: credentials without
+// $CREDENTIALS_DIRECTORY, password and TLS files it cannot read; and it
+// passes once they are there.
+func TestConfigCheckSaysWhatTheAgentWould(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	creds := filepath.Join(e.dir, "creds")
+	require.NoError(t, os.Mkdir(creds, 0o700))
+	missing := filepath.Join(e.dir, "missing")
+	for _, tc := range []struct {
+		name, hcl string
+		env       []string // besides LOCKAGENT_SOCKET
+		problems  []string // each on a line of its own
+	}{{
+		name:     "a credential without CREDENTIALS_DIRECTORY",
+		hcl:      redisCredential,
+		problems: []string{`redis password_credential "redis.password": $CREDENTIALS_DIRECTORY is not set (LoadCredential= in the unit sets it)`},
+	}, {
+		name:     "a credential missing from CREDENTIALS_DIRECTORY",
+		hcl:      redisCredential,
+		env:      []string{"CREDENTIALS_DIRECTORY=" + creds},
+		problems: []string{"redis password_credential: open " + filepath.Join(creds, "redis.password") + ": no such file or directory"},
+	}, {
+		name: "the sentinels' credential, and a CA file",
+		hcl: fmt.Sprintf(`backend "redis" {
+  addresses = ["127.0.0.1:1", "127.0.0.1:2"]
+  master_name = "m"
+  password_file = %q
+  sentinel_password_credential = "sentinel.password"
+  tls { ca_file = %q }
+}`, missing, missing),
+		problems: []string{
+			"redis password_file: open " + missing + ": no such file or directory",
+			`redis sentinel_password_credential "sentinel.password": $CREDENTIALS_DIRECTORY is not set`,
+			"redis tls ca_file: open " + missing + ": no such file or directory",
+		},
+	}, {
+		name:     "etcd's password file",
+		hcl:      fmt.Sprintf("backend \"etcd\" {\n  endpoints = [\"127.0.0.1:1\"]\n  username = \"u\"\n  password_file = %q\n}", missing),
+		problems: []string{"etcd password_file: open " + missing + ": no such file or directory"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(e.dir, strings.ReplaceAll(tc.name, " ", "-")+".hcl")
+			require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\n%s\n", e.stateDir, tc.hcl), 0o600))
+			env := append([]string{"LOCKAGENT_SOCKET=" + e.socket}, tc.env...)
+			check := lockagent(t, env, "config", "check", "-config", cfg)
+			requireCode(t, 1, check, "config check")
+			require.Empty(t, check.stdout)
+			require.Contains(t, check.stderr, "the agent would not start with this configuration here:\n")
+			agent := lockagent(t, env, "agent", "-config", cfg)
+			requireCode(t, 1, agent, "the agent")
+			for _, p := range tc.problems {
+				require.Contains(t, check.stderr, "\n"+p, "config check says it")
+				// The agent's log quotes a one-line error.
+				require.True(t, strings.Contains(agent.stderr, p) || strings.Contains(agent.stderr, strings.ReplaceAll(p, `"`, `\"`)),
+					"the agent says %q:\n%s", p, agent.stderr)
+			}
+		})
+	}
+
+	// With the credential there, the file passes; the password is never
+	// printed.
+	require.NoError(t, os.WriteFile(filepath.Join(creds, "redis.password"), []byte("s3cret\n"), 0o600))
+	cfg := filepath.Join(e.dir, "good.hcl")
+	require.NoError(t, os.WriteFile(cfg, []byte(redisCredential), 0o600))
+	r := lockagent(t, []string{"CREDENTIALS_DIRECTORY=" + creds}, "config", "check", "-config", cfg)
+	requireCode(t, 0, r, "config check with the credential")
+	require.NotContains(t, r.stdout+r.stderr, "s3cret")
+}
+
+// redisCredential is a Redis backend whose password is a systemd
+// credential.
+const redisCredential = `backend "redis" {
+  addresses           = ["127.0.0.1:1"]
+  password_credential = "redis.password"
+}
+`
