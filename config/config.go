@@ -225,12 +225,25 @@ func defaultStateDir(euid int, getenv func(string) string) string {
 	return ""
 }
 
-// ApplyEnv applies the environment's overrides: LOCKAGENT_SOCKET, when set
-// and not empty, replaces Socket.Path. Call Validate after every override.
-func (c *Config) ApplyEnv(getenv func(string) string) {
+// Override is a value that the environment or the command line gave, over
+// the one the file, or the default, had: what `config check` tells apart
+// from the file's.
+type Override struct {
+	Field  string // as in the file: "socket.path"
+	Source string // "LOCKAGENT_SOCKET", "-socket"
+	Was    string // the value it replaced
+}
+
+// ApplyEnv applies the environment's overrides, and returns them:
+// LOCKAGENT_SOCKET, when set and not empty, replaces Socket.Path. Call
+// Validate after every override.
+func (c *Config) ApplyEnv(getenv func(string) string) []Override {
+	var over []Override
 	if path := getenv("LOCKAGENT_SOCKET"); path != "" {
+		over = append(over, Override{"socket.path", "LOCKAGENT_SOCKET", c.Socket.Path})
 		c.Socket.Path = path
 	}
+	return over
 }
 
 // Load reads the HCL file at path, decodes it on top of Default() and

@@ -432,11 +432,13 @@ func TestApplyEnv(t *testing.T) {
 	c := validConfig()
 	c.Socket.Path = "/from/config.sock"
 
-	c.ApplyEnv(func(string) string { return "" })
+	assert.Empty(t, c.ApplyEnv(func(string) string { return "" }))
 	assert.Equal(t, "/from/config.sock", c.Socket.Path, "an empty variable changes nothing")
 
-	c.ApplyEnv(env(map[string]string{"LOCKAGENT_SOCKET": "/from/env.sock"}))
+	over := c.ApplyEnv(env(map[string]string{"LOCKAGENT_SOCKET": "/from/env.sock"}))
 	assert.Equal(t, "/from/env.sock", c.Socket.Path)
+	assert.Equal(t, []Override{{Field: "socket.path", Source: "LOCKAGENT_SOCKET", Was: "/from/config.sock"}}, over,
+		"what the environment set, and over what")
 }
 
 func TestDefaultSocketPath(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -30,21 +31,30 @@ import (
 // loadConfig reads the config file (or the defaults) and applies the
 // environment and the -socket and -log-level flags.
 func loadConfig(file, socket, level string) (config.Config, error) {
+	cfg, _, err := loadConfigOverrides(file, socket, level)
+	return cfg, err
+}
+
+// loadConfigOverrides is loadConfig, and tells what the environment and
+// the flags set, in order.
+func loadConfigOverrides(file, socket, level string) (config.Config, []config.Override, error) {
 	cfg := config.Default()
 	if file != "" {
 		var err error
 		if cfg, err = config.Load(file); err != nil {
-			return cfg, err
+			return cfg, nil, err
 		}
 	}
-	cfg.ApplyEnv(os.Getenv)
+	over := cfg.ApplyEnv(os.Getenv)
 	if socket != "" {
+		over = append(over, config.Override{Field: "socket.path", Source: "-socket", Was: cfg.Socket.Path})
 		cfg.Socket.Path = socket
 	}
 	if level != "" {
+		over = append(over, config.Override{Field: "log_level", Source: "-log-level", Was: cfg.LogLevel})
 		cfg.LogLevel = level
 	}
-	return cfg, cfg.Validate()
+	return cfg, over, cfg.Validate()
 }
 
 func agentCmd(args []string, stdout, stderr io.Writer) error {
@@ -374,6 +384,8 @@ func configCmd(args []string, stdout io.Writer) error {
 	}
 	fs := newFlagSet("config check", stdout)
 	file := fs.String("config", "", "the config `FILE` (HCL)")
+	socket := fs.String("socket", "", "the socket's `PATH`, as the agent's -socket")
+	level := fs.String("log-level", "", "the log `LEVEL`, as the agent's -log-level")
 	if err := fs.parse(args[1:]); err != nil {
 		return err
 	}
@@ -382,7 +394,7 @@ func configCmd(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{"config check", fmt.Sprintf("unexpected argument %q (a file goes after -config)", fs.Arg(0))}
 	}
-	cfg, err := loadConfig(*file, "", "")
+	cfg, over, err := loadConfigOverrides(*file, *socket, *level)
 	if err != nil {
 		return err
 	}
@@ -400,12 +412,16 @@ func configCmd(args []string, stdout io.Writer) error {
 		return fmt.Errorf("the agent would not start with this configuration here:\n%w", errors.Join(problems...))
 	}
 	// Say what was checked: without -config, the agent's built-in
-	// defaults, which is not what the packaged agent runs with.
+	// defaults, which is not what the packaged agent runs with; and which
+	// values are not the file's, but the environment's or a flag's.
 	if *file == "" {
 		fmt.Fprintln(stdout, "# No -config FILE given: the built-in defaults, as an agent started without -config runs.")
 		fmt.Fprintln(stdout, "# The packaged agent reads /etc/lockagent/lockagent.hcl.")
 	} else {
 		fmt.Fprintf(stdout, "# The effective configuration of %s.\n", *file)
+	}
+	for _, o := range over {
+		fmt.Fprintf(stdout, "# %s comes from %s; without it, it would be %s.\n", o.Field, o.Source, strconv.Quote(o.Was))
 	}
 	fmt.Fprint(stdout, cfg.Render())
 	return nil

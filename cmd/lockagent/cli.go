@@ -51,7 +51,8 @@ var usages = map[string]usage{
                                                         run a command while holding a lock
   run -elect NAME [-ttl DUR] [-grace DUR] -- CMD [ARGS...]
                                                         run a command whenever this host leads NAME
-  config check [-config FILE]                           validate and print the configuration
+  config check [-config FILE] [-socket PATH] [-log-level L]
+                                                        validate and print the configuration
   version                                               version, commit, Go version
   help [COMMAND]                                        this, or a command's usage
 
@@ -105,15 +106,18 @@ error, a name or -ttl the agent refuses included.`},
 
 	"config": {[]string{"config SUBCOMMAND [flags]"},
 		`subcommands:
-  check   validate the configuration and print it
+  check [-config FILE] [-socket PATH] [-log-level L]
+          validate the configuration, as the agent would at start, and print it
 
 'lockagent config check -h' prints its usage.`},
-	"config check": {[]string{"config check [-config FILE]"},
-		`Checks the configuration an agent started with -config FILE would run with
-(the built-in defaults without it, and LOCKAGENT_SOCKET), and what the agent
-reads on the host when it starts (groups, password files, credentials, TLS
-files), as the user who runs it, in this environment. Prints it, every value
-spelled out; or every problem, in the agent's words, and exits 1.`},
+	"config check": {[]string{"config check [-config FILE] [-socket PATH] [-log-level L]"},
+		`Checks the configuration an agent started with the same flags would run
+with (the built-in defaults without -config; LOCKAGENT_SOCKET, then the
+flags, over the file), and what the agent reads on the host when it starts
+(groups, password files, credentials, TLS files), as the user who runs it,
+in this environment. Prints it, every value spelled out, saying which values
+come from the environment or a flag; or every problem, in the agent's
+words, and exits 1.`},
 
 	"version": {[]string{"version"}, `Prints the version, the commit and the Go version.`},
 }

@@ -88,3 +88,35 @@ const redisCredential = `backend "redis" {
   password_credential = "redis.password"
 }
 `
+
+// TestConfigCheckSaysWhereValuesComeFrom: values that LOCKAGENT_SOCKET
+// and the flags give, over the file's, are said to be theirs, with the
+// value they replace.
+func TestConfigCheckSaysWhereValuesComeFrom(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	e.writeConfig(t, "socket {\n  path = \"/run/lockagent/agent.sock\"\n}\n")
+	r := lockagent(t, nil, "config", "check", "-config", e.config)
+	requireCode(t, 0, r, "config check")
+	require.NotContains(t, r.stdout, "comes from", "nothing overrides the file")
+
+	r = lockagent(t, []string{"LOCKAGENT_SOCKET=/tmp/la-e2e-env.sock"}, "config", "check", "-config", e.config)
+	requireCode(t, 0, r, "config check with LOCKAGENT_SOCKET")
+	require.Equal(t, []string{
+		"# The effective configuration of " + e.config + ".",
+		`# socket.path comes from LOCKAGENT_SOCKET; without it, it would be "/run/lockagent/agent.sock".`,
+	}, strings.Split(r.stdout, "\n")[:2])
+	require.Contains(t, r.stdout, `path  = "/tmp/la-e2e-env.sock"`)
+
+	r = lockagent(t, []string{"LOCKAGENT_SOCKET=/tmp/la-e2e-env.sock"}, "config", "check", "-config", e.config,
+		"-socket", "/tmp/la-e2e-flag.sock", "-log-level", "warn")
+	requireCode(t, 0, r, "config check with LOCKAGENT_SOCKET, -socket and -log-level")
+	require.Equal(t, []string{
+		"# The effective configuration of " + e.config + ".",
+		`# socket.path comes from LOCKAGENT_SOCKET; without it, it would be "/run/lockagent/agent.sock".`,
+		`# socket.path comes from -socket; without it, it would be "/tmp/la-e2e-env.sock".`,
+		`# log_level comes from -log-level; without it, it would be "debug".`,
+	}, strings.Split(r.stdout, "\n")[:4])
+	require.Contains(t, r.stdout, `path  = "/tmp/la-e2e-flag.sock"`)
+	require.Regexp(t, `(?m)^log_level\s+= "warn"$`, r.stdout)
+}
