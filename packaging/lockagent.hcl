@@ -6,7 +6,9 @@
 
 # Under systemd, lockagent.socket owns the socket and sets its mode and
 # group (members of the lockagent group may connect); these settings apply
-# when the agent binds the socket itself.
+# when the agent binds the socket itself. The package creates the group
+# lockagent; on a host without it, config check and the agent refuse the
+# file (unknown group).
 socket {
   path  = "/run/lockagent/agent.sock"
   mode  = "0660"
@@ -21,7 +23,9 @@ backend "memory" {}                 # locks for the processes of this host
 
 # To share locks between hosts, use Redis instead of the block above. Put
 # its password in /etc/credstore/lockagent.redis.password (mode 0600, owned
-# by root): the service loads it as its credential redis.password.
+# by root): the service loads it as its credential redis.password, into
+# $CREDENTIALS_DIRECTORY, which only the unit sets (config check run from a
+# shell needs it too: see docs/config.md).
 #
 # backend "redis" {
 #   addresses           = ["10.0.0.5:6379"]
@@ -29,7 +33,8 @@ backend "memory" {}                 # locks for the processes of this host
 # }
 #
 # Through Sentinel, whose sentinels want a password of their own, put in
-# /etc/credstore/lockagent.sentinel.password (loaded as sentinel.password):
+# /etc/credstore/lockagent.sentinel.password (loaded as the credential
+# sentinel.password):
 #
 # backend "redis" {
 #   addresses                    = ["10.0.0.5:26379", "10.0.0.6:26379", "10.0.0.7:26379"]
