@@ -38,9 +38,7 @@ func (b mdBlock) text() string { return strings.Join(b.lines, "\n") + "\n" }
 // block's lines lose that indentation.
 func mdBlocks(t *testing.T, rel string) []mdBlock {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join(repoRoot, rel))
-	require.NoError(t, err)
-	lines := strings.Split(string(src), "\n")
+	lines := strings.Split(readDoc(t, rel), "\n")
 	var blocks []mdBlock
 	for i := 0; i < len(lines); i++ {
 		trimmed := strings.TrimLeft(lines[i], " ")
@@ -92,4 +90,12 @@ func docFiles(t *testing.T) []string {
 		rel = append(rel, r)
 	}
 	return rel
+}
+
+// readDoc is the text of a file of the repository.
+func readDoc(t *testing.T, rel string) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(repoRoot, rel))
+	require.NoError(t, err)
+	return string(src)
 }
