@@ -473,8 +473,19 @@ class ErrorsTest(AgentTestCase):
             with self.subTest(kwargs=kwargs):
                 self.assertCode(lockagent.InvalidArgument, "invalid_argument", self.client,
                                 **kwargs)
-        # Infinity is a wait without a limit.
-        self.assertTrue(c.acquire("n/1", wait=math.inf).token)
+        # Infinity, None and -1 are a wait without a limit: each waits for a
+        # holder that lets go after longer than the client's own timeout.
+        waiter, holder = self.client(timeout=0.3), self.client()
+        for i, wait in enumerate((math.inf, None, -1)):
+            with self.subTest(wait=wait):
+                name = "w/%d" % i
+                held = holder.acquire(name)
+                timer = threading.Timer(0.6, held.release)
+                timer.start()
+                self.addCleanup(timer.cancel)
+                granted = waiter.acquire(name, wait=wait)
+                self.assertTrue(granted.token)
+                granted.release()
 
     def test_a_request_given_up_on_is_forgotten(self):
         c = self.client(timeout=0.3)

@@ -131,8 +131,9 @@ class Client(Core[Lease, Campaign]):
                 ttl: Optional[float] = None, meta: Optional[str] = None) -> Lease:
         """Acquire the lock ``name`` and return its :class:`Lease`.
 
-        - ``wait``: 0 (default) tries once; N waits up to N seconds; None
-          (or ``math.inf``) waits until granted.
+        - ``wait``: 0 (default) tries once; N waits up to N seconds; None,
+          ``math.inf`` or -1 (the protocol's ``wait_ms`` -1) waits until
+          granted. Any other negative number raises :class:`InvalidArgument`.
         - ``shared``: a shared lock instead of an exclusive one; ``limit``
           caps the shared holders (a counting semaphore).
         - ``scope``: ``"connection"`` (default) or ``"session"``.
