@@ -20,6 +20,7 @@ var repoRoot = filepath.Join("..", "..")
 type mdBlock struct {
 	file  string // relative to the repository
 	line  int    // of the opening fence, from 1
+	end   int    // of the closing fence, from 1
 	lang  string // after the opening fence: "hcl", "sh", ""
 	lines []string
 	// before and after are the paragraphs just before the block and just
@@ -51,6 +52,7 @@ func mdBlocks(t *testing.T, rel string) []mdBlock {
 			b.lines = append(b.lines, lines[i][min(indent, len(lines[i])-len(strings.TrimLeft(lines[i], " "))):])
 		}
 		require.Less(t, i, len(lines), "%s: the block is not closed", b.where())
+		b.end = i + 1
 		b.after = paragraph(lines, i+1, 1)
 		blocks = append(blocks, b)
 	}

@@ -82,7 +82,7 @@ var wireScenes = map[string]wireScene{
 			s.r.bind("odla…", h["resume_token"])
 			l := w.call(map[string]any{"id": 2, "op": "acquire", "name": "s/1", "scope": "session"})
 			s.r.bind("l_mdjx…", l["lease"])
-			w.c.Close()
+			w.close()
 			admin := s.other("admin")
 			eventually(s.t, callTimeout, "the session is detached", func() bool {
 				list := admin.call(map[string]any{"id": 3, "op": "list", "all": true})
@@ -152,7 +152,7 @@ var wireScenes = map[string]wireScene{
 					w.call(map[string]any{"id": 2, "op": "acquire", "name": "orders/42", "meta": "invoice run"})
 					break
 				}
-				w.c.Close()
+				w.close()
 			}
 			eventually(s.t, callTimeout, "the sessions of the connections closed end", func() bool { return len(sessions()) == 2 })
 		},

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"sort"
@@ -19,11 +20,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// wireConn is a raw connection to an agent, one JSON line at a time.
+// wireConn is a raw connection to an agent, one JSON line at a time: a
+// socket of the test's, or the pipes of a process that holds one (socat).
 type wireConn struct {
 	t *testing.T
-	c net.Conn
-	r *bufio.Reader
+	w interface {
+		io.WriteCloser
+		SetWriteDeadline(time.Time) error
+	}
+	rd interface{ SetReadDeadline(time.Time) error }
+	r  *bufio.Reader
 }
 
 func dialWire(t *testing.T, socket string) *wireConn {
@@ -31,21 +37,24 @@ func dialWire(t *testing.T, socket string) *wireConn {
 	c, err := net.Dial("unix", socket)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	return &wireConn{t: t, c: c, r: bufio.NewReaderSize(c, 1<<20)}
+	return &wireConn{t: t, w: c, rd: c, r: bufio.NewReaderSize(c, 1<<20)}
 }
+
+// close ends the connection, or the input of the process that holds it.
+func (w *wireConn) close() { w.w.Close() }
 
 // send writes a line.
 func (w *wireConn) send(line string) {
 	w.t.Helper()
-	require.NoError(w.t, w.c.SetWriteDeadline(time.Now().Add(callTimeout)))
-	_, err := w.c.Write([]byte(line + "\n"))
+	require.NoError(w.t, w.w.SetWriteDeadline(time.Now().Add(callTimeout)))
+	_, err := w.w.Write([]byte(line + "\n"))
 	require.NoError(w.t, err, "send %.80s", line)
 }
 
 // recv reads a line, within callTimeout.
 func (w *wireConn) recv() string {
 	w.t.Helper()
-	require.NoError(w.t, w.c.SetReadDeadline(time.Now().Add(callTimeout)))
+	require.NoError(w.t, w.rd.SetReadDeadline(time.Now().Add(callTimeout)))
 	line, err := w.r.ReadString('\n')
 	require.NoError(w.t, err, "no line from the agent")
 	return strings.TrimSuffix(line, "\n")
