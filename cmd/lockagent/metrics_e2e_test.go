@@ -86,10 +86,13 @@ func TestMetricsAfterAWorkload(t *testing.T) {
 
 	var s map[string]float64
 	// The waiter is queued, and the 1s leases have been renewed (at a
-	// third of their TTL) at least once.
+	// third of their TTL) at least once. A scrape is not one instant: one
+	// taken while a renewal is recorded may count it in one histogram and
+	// not yet in the other, so the test waits for one that agrees.
 	eventually(t, exitTimeout, "the waiter and a renewal", func() bool {
 		s = scrape(t, url)
-		return s["lockagent_waiters"] == 1 && s["lockagent_renewal_batch_size_count"] > 0
+		return s["lockagent_waiters"] == 1 && s["lockagent_renewal_batch_size_count"] > 0 &&
+			s["lockagent_renewal_duration_seconds_count"] == s["lockagent_renewal_batch_size_count"]
 	})
 	want := map[string]float64{
 		`lockagent_acquisitions_total{mode="exclusive",result="granted"}`: 4,
@@ -127,13 +130,15 @@ func TestMetricsAfterAWorkload(t *testing.T) {
 
 	// A dropped connection releases: the gauges follow.
 	require.NoError(t, holder.Close())
-	eventually(t, exitTimeout, "the holder's leases are gone", func() bool {
+	// The waiter's grant is in the gauges a moment before its acquire is
+	// counted, when it is answered: the test waits for both.
+	eventually(t, exitTimeout, "the holder's leases are gone and the waiter granted", func() bool {
 		s = scrape(t, url)
-		return s[`lockagent_leases{mode="exclusive",scope="connection"}`] == 1 // the waiter's m/3
+		return s[`lockagent_leases{mode="exclusive",scope="connection"}`] == 1 && // the waiter's m/3
+			s[`lockagent_acquisitions_total{mode="exclusive",result="granted"}`] == 5
 	})
 	assert.Equal(t, 0.0, s[`lockagent_leases{mode="exclusive",scope="session"}`])
 	assert.Equal(t, 0.0, s["lockagent_waiters"])
-	assert.Equal(t, 5.0, s[`lockagent_acquisitions_total{mode="exclusive",result="granted"}`], "the waiter was granted m/3")
 
 	resp, err := http.Get(strings.TrimSuffix(url, "/metrics") + "/other")
 	require.NoError(t, err)

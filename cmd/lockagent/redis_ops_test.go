@@ -818,7 +818,10 @@ func TestC1_AgentStoppedTwiceTTL(t *testing.T) {
 	var continued time.Time
 	for round := range rounds {
 		for _, h := range hs {
-			res := h.conn.roundTrip(t, "a", fmt.Sprintf(`{"id":"a","op":"acquire","name":%q,"ttl_ms":%d}`, h.name, ttl.Milliseconds()))
+			// From the second round on, the name was just released
+			// through the other agent, which tells Redis a moment after
+			// it answers (docs/protocol.md, release): wait for it.
+			res := h.conn.roundTrip(t, "a", fmt.Sprintf(`{"id":"a","op":"acquire","name":%q,"ttl_ms":%d,"wait_ms":1000}`, h.name, ttl.Milliseconds()))
 			require.Equal(t, true, res["acquired"], "round %d: %v", round, res)
 			h.lease = res["lease"].(string)
 			h.token = uint64(res["token"].(float64))
