@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/lockagent/lockagent/agent"
+	"github.com/lockagent/lockagent/internal/rawsock"
 	"github.com/lockagent/lockagent/internal/wire"
 )
 
@@ -100,7 +101,7 @@ type pendingReq struct {
 // finished, c.ended is called.
 func (c *conn) serve() {
 	c.lookUpGroups()
-	c.lr = lineReader{r: c.nc, max: c.srv.MaxLineBytes, begun: c.lineBegun}
+	c.lr = lineReader{r: rawsock.Wrap(c.nc), max: c.srv.MaxLineBytes, begun: c.lineBegun}
 	c.armHeartbeat()
 	c.readLoop()
 }

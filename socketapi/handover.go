@@ -13,6 +13,7 @@ import (
 	"github.com/lockagent/lockagent/agent"
 	"github.com/lockagent/lockagent/internal/descriptor"
 	"github.com/lockagent/lockagent/internal/lockfile"
+	"github.com/lockagent/lockagent/internal/rawsock"
 	"github.com/lockagent/lockagent/internal/wire"
 )
 
@@ -324,7 +325,7 @@ func (s *Server) Adopt(st State, files []*os.File) (func(session string) agent.C
 			c.out.queue(line)
 		}
 		c.heartbeat = cs.Heartbeat
-		c.lr = lineReader{r: c.nc, max: s.MaxLineBytes, begun: c.lineBegun}
+		c.lr = lineReader{r: rawsock.Wrap(c.nc), max: s.MaxLineBytes, begun: c.lineBegun}
 		c.lr.resume(cs.Input)
 		s.adopted = append(s.adopted, adopted{c, cs})
 		if cs.Session != "" {

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/lockagent/lockagent/internal/rawsock"
 )
 
 // lineWriter writes a connection's lines, one writer at a time (drain).
@@ -92,19 +92,17 @@ func (w *lineWriter) writeLines(lines [][]byte) error {
 // takes nothing.
 func (w *lineWriter) offerLines(fd uintptr) bool {
 	var n int
-	var err error
-	for {
-		if len(w.lines) == 1 {
-			n, err = syscall.Write(int(fd), w.lines[0])
-		} else {
-			n, err = unix.Writev(int(fd), w.lines[:min(len(w.lines), maxIOV)])
-		}
-		if err != syscall.EINTR {
-			break
-		}
+	var errno syscall.Errno
+	if len(w.lines) == 1 {
+		n, errno = rawsock.Write(fd, w.lines[0])
+	} else {
+		n, errno = rawsock.Writev(fd, w.lines[:min(len(w.lines), maxIOV)])
 	}
-	w.n, w.err = max(n, 0), err
-	return !w.wait || err != syscall.EAGAIN
+	w.n, w.err = n, nil
+	if errno != 0 {
+		w.err = errno
+	}
+	return !w.wait || errno != syscall.EAGAIN
 }
 
 // maxIOV is the most buffers one writev takes (IOV_MAX on Linux).

@@ -22,6 +22,7 @@ import (
 	"github.com/lockagent/lockagent/backend/memory"
 	"github.com/lockagent/lockagent/backend/redis"
 	"github.com/lockagent/lockagent/config"
+	"github.com/lockagent/lockagent/internal/rawsock"
 )
 
 // openBackend opens the backend the configuration names.
@@ -145,7 +146,10 @@ func openRedis(ctx context.Context, rc *config.Redis, sec secrets, log hclog.Log
 		// handshake of several round trips in the middle of a renewal.
 		PipelinePoolSize: -1,
 	}
-	opts.Password, opts.TLSConfig = sec.password, sec.tls
+	opts.Password = sec.password
+	// Connections read and write with raw system calls (see rawsock),
+	// TLS over them if configured.
+	opts.Dialer = rawsock.Dialer(opts.DialTimeout, sec.tls)
 	if rc.MasterName != "" {
 		opts.SentinelUsername, opts.SentinelPassword = rc.SentinelUsername, sec.sentinelPassword
 	}
