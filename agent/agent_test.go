@@ -46,6 +46,14 @@ type faulty struct {
 	failedAt []time.Time // when each renewal that failed with failRenew was sent
 }
 
+// holders is how many holders the backend has for name.
+func (f *faulty) holders(t *testing.T, name string) int {
+	t.Helper()
+	info, err := f.Inspect(context.Background(), name)
+	require.NoError(t, err)
+	return len(info.Holders)
+}
+
 func (f *faulty) Renew(ctx context.Context, reqs []backend.RenewRequest) []error {
 	f.renewCalls.Add(1)
 	if f.lateAnswer.Load() {
@@ -623,14 +631,9 @@ func TestSessionOutlivesConnectionForItsTTL(t *testing.T) {
 		mustAcquire(t, s, agent.AcquireRequest{Name: "conn", TTL: time.Second})
 		s.Detach(c)
 
-		holders := func(name string) int {
-			info, err := f.Inspect(context.Background(), name)
-			require.NoError(t, err)
-			return len(info.Holders)
-		}
-		assert.Equal(t, 0, holders("conn"))
+		assert.Equal(t, 0, f.holders(t, "conn"))
 		time.Sleep(29 * time.Second)
-		assert.Equal(t, 1, holders("sess"), "renewed while the session waits for a resume")
+		assert.Equal(t, 1, f.holders(t, "sess"), "renewed while the session waits for a resume")
 
 		// Another uid cannot resume it, with the right token or not.
 		_, err = a.Resume(agent.Peer{UID: 1001}, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
@@ -638,7 +641,7 @@ func TestSessionOutlivesConnectionForItsTTL(t *testing.T) {
 
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
-		assert.Equal(t, 0, holders("sess"))
+		assert.Equal(t, 0, f.holders(t, "sess"))
 		_, err = a.Resume(peer, s.ID(), s.ResumeToken(), agent.SessionOptions{}, &conn{})
 		assert.ErrorIs(t, err, agent.ErrSessionExpired)
 	})
@@ -954,20 +957,15 @@ func TestReleaseRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, f, stop := run(t, agent.Config{})
 		s, _ := openSession(t, a)
-		holders := func(name string) int {
-			info, err := f.Inspect(context.Background(), name)
-			require.NoError(t, err)
-			return len(info.Holders)
-		}
 		l := mustAcquire(t, s, agent.AcquireRequest{Name: "n", TTL: time.Minute})
 		f.failRelease.Store(true)
 		require.NoError(t, s.Release(context.Background(), l.ID))
 		time.Sleep(time.Second)
-		require.Equal(t, 1, holders("n"), "held in the backend while releases fail")
+		require.Equal(t, 1, f.holders(t, "n"), "held in the backend while releases fail")
 		f.failRelease.Store(false)
 		time.Sleep(3 * time.Second) // past the next try: they back off to 2s at most
 		synctest.Wait()
-		assert.Equal(t, 0, holders("n"), "released by a later try")
+		assert.Equal(t, 0, f.holders(t, "n"), "released by a later try")
 
 		// A grant whose answer was lost is released, and retried, too.
 		f.lostAnswer.Store(true)
@@ -976,11 +974,11 @@ func TestReleaseRetried(t *testing.T) {
 		require.Error(t, err)
 		f.lostAnswer.Store(false)
 		time.Sleep(time.Second)
-		require.Equal(t, 1, holders("lost"), "held in the backend while releases fail")
+		require.Equal(t, 1, f.holders(t, "lost"), "held in the backend while releases fail")
 		f.failRelease.Store(false)
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		assert.Equal(t, 0, holders("lost"), "released by a later try")
+		assert.Equal(t, 0, f.holders(t, "lost"), "released by a later try")
 
 		// The retries stop with the agent, a try in flight included.
 		m := mustAcquire(t, s, agent.AcquireRequest{Name: "m", TTL: time.Hour})
@@ -1184,9 +1182,7 @@ func TestReleaseOutlivesItsRequest(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		for _, name := range []string{"n", "c"} {
-			info, err := f.Inspect(context.Background(), name)
-			require.NoError(t, err)
-			assert.Empty(t, info.Holders, "%s left the backend", name)
+			assert.Zero(t, f.holders(t, name), "%s left the backend", name)
 		}
 	})
 }
