@@ -284,21 +284,7 @@ func (s *docShell) startAgent() {
 	s.writeFile("agent.hcl", fmt.Sprintf("state_dir = %q\n", filepath.Join(s.dir, "state")))
 	s.agent = startProc(s.t, "agent", nil, lockagentBin, "agent", "-socket", s.socket, "-config", filepath.Join(s.dir, "agent.hcl"))
 	first := s.agent.cmd.Process.Pid
-	s.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		defer cancel()
-		c, err := client.Dial(ctx, s.socket)
-		if err != nil {
-			return // nothing serves
-		}
-		st, err := c.Status(ctx)
-		c.Close()
-		if err != nil || st.PID == first {
-			return
-		}
-		require.NoError(s.t, syscall.Kill(st.PID, syscall.SIGTERM))
-		eventually(s.t, exitTimeout, "the upgraded agent exits", func() bool { return syscall.Kill(st.PID, 0) != nil })
-	})
+	stopUpgradedAtCleanup(s.t, s.socket, first)
 	eventually(s.t, exitTimeout, "the agent listens", func() bool {
 		if s.agent.exited() {
 			return true

@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lockagent/lockagent/client"
 	"github.com/lockagent/lockagent/internal/testkit/faultproxy"
 	"github.com/lockagent/lockagent/internal/testkit/redistest"
 )
@@ -166,25 +165,7 @@ var wireScenes = map[string]wireScene{
 	// The agent hands itself over to a new process, which the test stops.
 	`{"id":7,"op":"upgrade"}`: {
 		setup: func(s *wireStage) {
-			old := s.agent.cmd.Process.Pid
-			s.t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-				defer cancel()
-				c, err := client.Dial(ctx, s.e.socket)
-				if err != nil {
-					return // nothing serves
-				}
-				st, err := c.Status(ctx)
-				c.Close()
-				if err != nil || st.PID == old {
-					return
-				}
-				if err := syscall.Kill(st.PID, syscall.SIGTERM); err == nil {
-					eventually(s.t, exitTimeout, "the upgraded agent exits", func() bool {
-						return syscall.Kill(st.PID, 0) != nil
-					})
-				}
-			})
+			stopUpgradedAtCleanup(s.t, s.e.socket, s.agent.cmd.Process.Pid)
 		},
 	},
 	// A campaign of this session, elected.

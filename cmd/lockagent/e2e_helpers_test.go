@@ -373,6 +373,30 @@ func pingOnce(socket string) error {
 	return client.PingAgent(ctx, socket)
 }
 
+// stopUpgradedAtCleanup stops, when t ends, the agent that serves socket
+// if it is no longer the process first: one an upgrade started, which
+// no harness owns.
+func stopUpgradedAtCleanup(t *testing.T, socket string, first int) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		c, err := client.Dial(ctx, socket)
+		if err != nil {
+			return // nothing serves
+		}
+		st, err := c.Status(ctx)
+		c.Close()
+		if err != nil || st.PID == first {
+			return
+		}
+		if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
+			require.ErrorIs(t, err, syscall.ESRCH, "the upgraded agent is gone or stops")
+			return
+		}
+		eventually(t, exitTimeout, "the upgraded agent exits", func() bool { return syscall.Kill(st.PID, 0) != nil })
+	})
+}
+
 // stopAgent sends SIGTERM and requires a clean exit in bounded time.
 func stopAgent(t *testing.T, p *proc) {
 	t.Helper()
