@@ -198,14 +198,14 @@ func (b *bench) pairs(t *table) error {
 			if r.workers > 1 {
 				n = b.n64
 			}
-			// The CPU the agents and Redis spend on the row: where the
-			// time of a pair goes.
-			before, sw := b.cpu(mem, red), b.switches(echoPID, mem, red)
+			// The CPU the agents (or the echo process) and Redis spend
+			// on the row: where the time of a pair goes.
+			before, sw := b.cpu(echoPID, mem, red), b.switches(echoPID, mem, red)
 			res, err := r.run(r.workers, n)
 			if err != nil {
 				return fmt.Errorf("%s ×%d: %w", r.name, r.workers, err)
 			}
-			after := b.cpu(mem, red)
+			after := b.cpu(echoPID, mem, red)
 			ops := float64(n / r.workers * r.workers)
 			res.agentCPU = 1e6 * (after[0] - before[0]) / ops
 			res.redisCPU = 1e6 * (after[1] - before[1]) / ops
@@ -231,6 +231,21 @@ func (b *bench) pairs(t *table) error {
 	mem1, mem64 := find("lockagent, embedded", 1), find("lockagent, embedded", 64)
 	red1, red64 := find("lockagent, redis", 1), find("lockagent, redis", 64)
 	rl1, rl64 := find("redislock", 1), find("redislock", 64)
+	// What a lone client costs a server against a busy one: the same
+	// ratio as the agent's CPU target, for every server of the run.
+	ping1, ping64 := find("redis PING (go-redis)", 1), find("redis PING (go-redis)", 64)
+	for _, r := range []struct {
+		server, workload string
+		one, many        float64
+	}{
+		{"echo process (Go)", "echo, another process", echoProc1.agentCPU, find("echo, another process", 64).agentCPU},
+		{"redis-server", "redis PING (go-redis)", ping1.redisCPU, ping64.redisCPU},
+		{"redis-server", "redislock", rl1.redisCPU, rl64.redisCPU},
+		{"agent", "lockagent, embedded", mem1.agentCPU, mem64.agentCPU},
+		{"agent", "lockagent, redis", red1.agentCPU, red64.agentCPU},
+	} {
+		t.cpuRatio = append(t.cpuRatio, []string{r.server, r.workload, fmt.Sprintf("%.1f", r.one), fmt.Sprintf("%.1f", r.many), fmt.Sprintf("%.2f", r.one/r.many)})
+	}
 	stats, err := b.redis.commandStats(context.Background(), rc)
 	if err != nil {
 		return err
@@ -343,9 +358,11 @@ func (b *bench) switches(echoPID int, agents ...*agentProc) float64 {
 	return n
 }
 
-// cpu returns the CPU seconds the agents and redis-server have used.
-func (b *bench) cpu(agents ...*agentProc) [2]float64 {
+// cpu returns the CPU seconds the agents and the echo process, and
+// redis-server, have used.
+func (b *bench) cpu(echoPID int, agents ...*agentProc) [2]float64 {
 	var out [2]float64
+	out[0], _ = cpuSeconds(echoPID)
 	for _, a := range agents {
 		v, _ := cpuSeconds(a.cmd.Process.Pid)
 		out[0] += v
@@ -395,6 +412,7 @@ func cpuModel() string {
 // table is what the run prints.
 type table struct {
 	latency, commands, renewal [][]string
+	cpuRatio                   [][]string // CPU per operation at 1 session and at 64, per server
 	handover, rss, upgrades    [][]string
 	etcdPairs, etcdRenewal     [][]string
 	rssHeader                  []string
@@ -421,7 +439,8 @@ func (t *table) print() {
 		printMarkdown(header, rows)
 		fmt.Println()
 	}
-	section("Acquire+release pairs (and the floors' round trips)", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s", "agents' CPU µs/op", "redis CPU µs/op", "servers' switches/op"}, t.latency)
+	section("Acquire+release pairs (and the floors' round trips)", []string{"workload", "sessions", "op", "p50 µs", "p99 µs", "ops/s", "agent's (or echo's) CPU µs/op", "redis CPU µs/op", "servers' switches/op"}, t.latency)
+	section("A server's CPU per operation, 1 session against 64", []string{"server", "workload", "1 session µs/op", "64 sessions µs/op", "ratio"}, t.cpuRatio)
 	section("Redis server time per command, every pair workload", []string{"command", "calls", "µs per call"}, t.commands)
 	section("Renewal load, 15 s TTL, redis backend", []string{"held leases", "agent CPU %", "redis CPU %", "redis commands/s"}, t.renewal)
 	section("Dead holder → waiter holding the lock", []string{"case", "rounds", "p50 ms", "p99/max ms"}, t.handover)
