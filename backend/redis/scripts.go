@@ -393,7 +393,19 @@ type batchScript struct {
 	source string
 }
 
-const batchSource = fast + common + acquireFn + releaseFn + `
+// batchSource is the batch scripts' source. The general functions are
+// defined on the first request that needs them (general): a batch of
+// fast-path requests, the common one, spares the Lua that defines them,
+// a tenth of Redis's time for a release and an acquire in one call.
+const batchSource = fast + `
+local funcs
+local function general()
+  if not funcs then
+` + common + acquireFn + releaseFn + `
+    funcs = {a = acquire, r = release}
+  end
+  return funcs
+end
 local out = {}
 local ki, ai = 1, 2
 for i = 1, tonumber(ARGV[1]) do
@@ -401,15 +413,13 @@ for i = 1, tonumber(ARGV[1]) do
   local k0, a0 = ki, ai + 3
   ki, ai = ki + nk, ai + 3 + na
   local ok, res = true, nil
-  local fn = release
   if kind == 'a' then
-    fn = acquire
     if nk == 7 and na == 8 then ok, res = pcall(fast_acquire, k0, a0) end
   elseif nk == 6 and na == 2 then
     ok, res = pcall(fast_release, k0, a0)
   end
   if ok and res == nil then
-    ok, res = pcall(fn, {unpack(KEYS, k0, k0 + nk - 1)}, {unpack(ARGV, a0, a0 + na - 1)})
+    ok, res = pcall(general()[kind == 'a' and 'a' or 'r'], {unpack(KEYS, k0, k0 + nk - 1)}, {unpack(ARGV, a0, a0 + na - 1)})
   end
   if ok then
     out[i] = res
