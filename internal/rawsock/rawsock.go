@@ -28,6 +28,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -40,18 +41,11 @@ func Read(raw syscall.RawConn, b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	var n int
-	var errno syscall.Errno
-	err := raw.Read(func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-			if e == syscall.EINTR {
-				continue
-			}
-			n, errno = int(r), e
-			return e != syscall.EAGAIN
-		}
-	})
+	op := ops.Get().(*op)
+	defer op.done()
+	op.b = b
+	err := raw.Read(op.read)
+	n, errno := op.n, op.errno
 	switch {
 	case err != nil:
 		return 0, err
@@ -61,6 +55,51 @@ func Read(raw syscall.RawConn, b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// op is a read or a write of the socket in the runtime's poller: its
+// functions, made once, are what syscall.RawConn runs, so that a call
+// allocates no closure.
+type op struct {
+	b           []byte
+	n           int
+	errno       syscall.Errno
+	read, write func(fd uintptr) bool
+}
+
+// ops holds the ops not in use.
+var ops = sync.Pool{New: func() any {
+	o := &op{}
+	o.read, o.write = o.readFD, o.writeFD
+	return o
+}}
+
+// done puts o back, holding nothing.
+func (o *op) done() {
+	o.b, o.n, o.errno = nil, 0, 0
+	ops.Put(o)
+}
+
+// readFD reads into o.b once, as RawConn.Read's function: false when
+// there is nothing to read yet.
+func (o *op) readFD(fd uintptr) bool {
+	for {
+		r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&o.b[0])), uintptr(len(o.b)))
+		if e == syscall.EINTR {
+			continue
+		}
+		o.n, o.errno = int(r), e
+		return e != syscall.EAGAIN
+	}
+}
+
+// writeFD writes what is left of o.b once (o.n is written already), as
+// RawConn.Write's function: false when the kernel takes nothing yet.
+func (o *op) writeFD(fd uintptr) bool {
+	n, e := Write(fd, o.b[o.n:])
+	o.n += n
+	o.errno = e
+	return e != syscall.EAGAIN
 }
 
 // Write writes b to fd once, without waiting: what the kernel takes now,
@@ -111,23 +150,18 @@ func Writev(fd uintptr, bufs [][]byte) (int, syscall.Errno) {
 // poller (and by the socket's write deadline) while the kernel takes
 // nothing.
 func WriteAll(raw syscall.RawConn, b []byte) (int, error) {
-	done := 0
-	var errno syscall.Errno
-	for done < len(b) {
-		err := raw.Write(func(fd uintptr) bool {
-			n, e := Write(fd, b[done:])
-			done += n
-			errno = e
-			return e != syscall.EAGAIN
-		})
-		if err != nil {
-			return done, err
+	op := ops.Get().(*op)
+	defer op.done()
+	op.b = b
+	for op.n < len(b) {
+		if err := raw.Write(op.write); err != nil {
+			return op.n, err
 		}
-		if errno != 0 {
-			return done, os.NewSyscallError("write", errno)
+		if op.errno != 0 {
+			return op.n, os.NewSyscallError("write", op.errno)
 		}
 	}
-	return done, nil
+	return op.n, nil
 }
 
 // Conn is a TCP or Unix connection whose reads and writes are raw system
