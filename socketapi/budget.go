@@ -24,6 +24,10 @@ type outputBudget struct {
 	mu    sync.Mutex
 	total int
 	uids  map[uint32]*uidOutput
+	// spare is a uidOutput no uid holds, for the next uid that charges:
+	// a uid whose answers are written as they come holds nothing between
+	// them, and would otherwise cost a new one for each.
+	spare *uidOutput
 }
 
 // uidOutput is what the connections of one uid hold.
@@ -59,7 +63,11 @@ func (b *outputBudget) charge(o *output, n int, refusable bool) (ok bool, cut []
 	}
 	u := b.uids[o.uid]
 	if u == nil {
-		u = &uidOutput{holders: make(map[*output]struct{})}
+		u = b.spare
+		b.spare = nil
+		if u == nil {
+			u = &uidOutput{holders: make(map[*output]struct{})}
+		}
 		b.uids[o.uid] = u
 	}
 	b.add(o, u, n)
@@ -129,6 +137,7 @@ func (b *outputBudget) add(o *output, u *uidOutput, n int) {
 	delete(u.holders, o)
 	if len(u.holders) == 0 {
 		delete(b.uids, o.uid)
+		b.spare = u
 	}
 }
 

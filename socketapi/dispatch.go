@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
@@ -45,6 +46,9 @@ func (c *conn) errorLine(id json.RawMessage, err error) []byte {
 	return encodeError(id, code, err.Error(), nil)
 }
 
+// requests holds request values not in use (see handle).
+var requests = sync.Pool{New: func() any { return new(request) }}
+
 // handle decodes and runs one request line. It returns false when the
 // connection must end.
 func (c *conn) handle(ctx context.Context, line []byte) bool {
@@ -56,8 +60,15 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		c.out.enqueue(encodeError(nil, wire.CodeBadRequest, "a request is Unicode text: a string escapes a lone surrogate", nil), true)
 		return true
 	}
-	var req request
-	if err := decodeRequest(line, &req); err != nil {
+	// Request values are reused: the ops copy what they keep (an id and
+	// a target are copies of the line already), and strings do not
+	// change.
+	req := requests.Get().(*request)
+	defer func() {
+		*req = request{}
+		requests.Put(req)
+	}()
+	if err := decodeRequest(line, req); err != nil {
 		id := req.ID
 		if err.code == wire.CodeBadRequest || !validID(id) {
 			id = nil
@@ -84,7 +95,7 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 			return true
 		}
 		c.out.hold()
-		res, err := c.hello(&req)
+		res, err := c.hello(req)
 		c.reply(id, res, err)
 		c.out.release()
 		// Without a session the connection is of no use.
@@ -109,7 +120,7 @@ func (c *conn) handle(ctx context.Context, line []byte) bool {
 		c.sess = s
 	}
 	c.sess.LoseOverdue()
-	return op(c, ctx, id, &req)
+	return op(c, ctx, id, req)
 }
 
 // ops runs every op but hello. An op returns false to end the connection.

@@ -377,7 +377,7 @@ func (s *Server) goOn(ctx context.Context, idle *idlePoller) {
 				continue // answered already: its answer is in Output
 			}
 			p.Granted(func(l agent.Lease) {
-				c.out.queue(encodeOK(id, wire.Granted{Acquired: true, Lease: toLease(l)}))
+				c.out.queue(encodeGranted(id, l))
 			})
 			c.await(c.ctx, id, func() *agent.Pending { return p })
 		}

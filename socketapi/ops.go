@@ -76,7 +76,7 @@ func (c *conn) acquire(ctx context.Context, id json.RawMessage, req *request) bo
 	// The grant is queued with the agent's lock held, so that it goes out
 	// before any event of the new lease.
 	ar.Granted = func(l agent.Lease) {
-		c.out.queue(encodeOK(id, wire.Granted{Acquired: true, Lease: toLease(l)}))
+		c.out.queue(encodeGranted(id, l))
 	}
 	ar.Conn = c // refused once a resume took the session
 	if ar.Wait == 0 {

@@ -122,17 +122,25 @@ func encodeEvent(ev agent.Event) []byte {
 
 var nullID = json.RawMessage("null")
 
-// encodeOK builds {"id":ID,"ok":true,...result}.
-func encodeOK(id json.RawMessage, result any) []byte {
-	size := 64 + len(id)
-	if g, ok := result.(wire.Granted); ok {
-		// A grant's line, its strings unescaped: one allocation.
-		size += 128 + len(g.ID) + len(g.Name)
-	}
-	b := make([]byte, 0, size)
+// encodeGranted builds the answer of a grant of lease l: one allocation
+// when its strings need no escaping.
+func encodeGranted(id json.RawMessage, l agent.Lease) []byte {
+	b := okPrefix(id, 192+len(l.ID)+len(l.Name))
+	return append(wire.Granted{Acquired: true, Lease: toLease(l)}.AppendFields(b), '}', '\n')
+}
+
+// okPrefix starts an answer, {"id":ID,"ok":true, in a buffer of size
+// bytes more.
+func okPrefix(id json.RawMessage, size int) []byte {
+	b := make([]byte, 0, size+len(id))
 	b = append(b, `{"id":`...)
 	b = append(b, id...)
-	b = append(b, `,"ok":true`...)
+	return append(b, `,"ok":true`...)
+}
+
+// encodeOK builds {"id":ID,"ok":true,...result}.
+func encodeOK(id json.RawMessage, result any) []byte {
+	b := okPrefix(id, 64)
 	if fa, ok := result.(wire.FieldsAppender); ok {
 		return append(fa.AppendFields(b), '}', '\n')
 	}
