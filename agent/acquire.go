@@ -333,10 +333,7 @@ func (s *Session) begin(req AcquireRequest, camp *campaign, since time.Time) (*w
 		q.waiters = append(q.waiters, w)
 		a.waiters++
 	}
-	if s.pending == nil {
-		s.pending = make(map[string]*waiter)
-	}
-	s.pending[req.Name] = w
+	s.pending.put(w)
 	if reserved == 1 {
 		camp.reserved = false
 	} else {
@@ -545,7 +542,7 @@ func (w *waiter) superseded() bool {
 // counts against the limits no more (replaces is 1, else 0). a.mu is
 // held.
 func (s *Session) pendingFor(name string) (busy bool, replaces int) {
-	o := s.pending[name]
+	o := s.pending.get(name)
 	switch {
 	case o == nil:
 		return false, 0
@@ -645,7 +642,7 @@ func (a *Agent) attempt(ctx context.Context, w *waiter, until time.Time) (*lease
 		refuse = ErrSessionEnded
 	case ctx.Err() != nil:
 		refuse = ctx.Err()
-	case s.pending[req.Name] != w:
+	case s.pending.get(req.Name) != w:
 		refuse = errSuperseded
 	case !now.Before(l.validUntil):
 		// The answer came too late to be handed out as valid.
@@ -698,14 +695,7 @@ func (a *Agent) forget(w *waiter) {
 	}
 	w.left = true
 	a.uncount(w.s.uid)
-	if w.s.pending[w.req.Name] == w {
-		delete(w.s.pending, w.req.Name)
-		if len(w.s.pending) == 0 {
-			// A map keeps its storage when emptied: a session that
-			// acquired once would keep it for good.
-			w.s.pending = nil
-		}
-	}
+	w.s.pending.remove(w)
 	if !w.queued {
 		return
 	}

@@ -263,9 +263,9 @@ func (c *campaign) stop() *lease {
 // held is what the session's lease limit counts: held leases, acquires in
 // progress, and campaigns between the two. a.mu is held.
 func (s *Session) held() int {
-	n := len(s.leases) + len(s.pending)
+	n := len(s.leases) + s.pending.len()
 	for name := range s.campaigns {
-		if s.leases[name] == nil && s.pending[name] == nil {
+		if s.leases[name] == nil && s.pending.get(name) == nil {
 			n++
 		}
 	}

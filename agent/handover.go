@@ -109,7 +109,7 @@ func (a *Agent) Snapshot() (State, error) {
 			}
 			ss.Leases = append(ss.Leases, ls)
 		}
-		for _, w := range s.pending {
+		for w := range s.pending.all() {
 			if !w.queued || w.left {
 				continue // a try ends before the agent freezes; a waiter given up leaves no trace
 			}
@@ -198,10 +198,7 @@ func Restore(cfg Config, st State, elapsed time.Duration, conn func(session stri
 				w.unknown = &lease{id: ws.Unknown, name: ws.Name, mode: ws.Mode, ttl: ws.TTL, scope: ws.Scope, session: s,
 					index: -1, validUntil: now.Add(ws.TTL - a.margin(ws.TTL))}
 			}
-			if s.pending == nil {
-				s.pending = make(map[string]*waiter)
-			}
-			s.pending[w.req.Name] = w
+			s.pending.put(w)
 			a.perUID[s.uid]++
 			a.waiters++
 			a.wg.Add(1) // as begin does: Run waits for the acquire

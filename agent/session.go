@@ -111,7 +111,7 @@ type Session struct {
 	conn      Conn
 	backlog   []Event              // events while no connection is attached
 	leases    map[string]*lease    // by name
-	pending   map[string]*waiter   // acquires in progress, by name
+	pending   pendingAcquires      // acquires in progress, by name
 	detaches  int                  // connections gone: their acquires are being given up
 	campaigns map[string]*campaign // by name
 	expiry    *time.Timer          // ends a detached session
@@ -287,7 +287,7 @@ func (s *Session) detach() []*lease {
 			c.stop()
 		}
 	}
-	for _, w := range s.pending {
+	for w := range s.pending.all() {
 		// The acquires of the connection gone, and the campaigns stopped
 		// with it, leave at once; an acquire made through the API
 		// without a connection goes on.
@@ -329,7 +329,7 @@ func (s *Session) end(keepConn bool) []*lease {
 	if s.a.sessUID[s.uid]--; s.a.sessUID[s.uid] == 0 {
 		delete(s.a.sessUID, s.uid)
 	}
-	for _, w := range s.pending {
+	for w := range s.pending.all() {
 		w.signal()
 	}
 	if s.conn != nil && !keepConn {
@@ -609,7 +609,7 @@ func (o *Session) describe(now time.Time) SessionInfo {
 		si.Leases = append(si.Leases, LeaseInfo{Lease: l.public(), Meta: l.meta, HeldFor: now.Sub(l.granted), ExpiresIn: l.validUntil.Sub(now)})
 	}
 	sort.Slice(si.Leases, func(i, j int) bool { return si.Leases[i].Name < si.Leases[j].Name })
-	for _, w := range o.pending {
+	for w := range o.pending.all() {
 		si.Waiting = append(si.Waiting, WaitInfo{Name: w.req.Name, Mode: w.req.Mode, WaitedFor: now.Sub(w.since)})
 	}
 	sort.Slice(si.Waiting, func(i, j int) bool { return si.Waiting[i].Name < si.Waiting[j].Name })
